@@ -1,0 +1,201 @@
+"""Training-step throughput versus torch.nn.Transformer, and decoding with and without the cache.
+
+Prints one JSON object. Runs with torch alone (no Ray, no MLflow), on CPU or an NVIDIA GPU:
+
+    python benchmarks/model_step.py                          # CPU, tiny-sized model
+    python benchmarks/model_step.py --device cuda --preset base --dtype bf16 --batch 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from model import Transformer, TransformerConfig, label_smoothed_cross_entropy  # noqa: E402
+from model.layers import SinusoidalPositionalEncoding  # noqa: E402
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+class NNTransformerBaseline(nn.Module):
+    """The same model built on torch.nn.Transformer: same sizes, tied embeddings, same positions."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.transformer = nn.Transformer(
+            d_model=cfg.d_model, nhead=cfg.num_heads, num_encoder_layers=cfg.num_encoder_layers,
+            num_decoder_layers=cfg.num_decoder_layers, dim_feedforward=cfg.d_ff,
+            dropout=cfg.dropout, batch_first=True,
+        )
+
+    def embed(self, tokens):
+        x = self.embedding(tokens) * math.sqrt(self.cfg.d_model)
+        return self.dropout(x + self.positions(tokens.shape[1]))
+
+    def forward(self, src, tgt_in):
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], device=src.device)
+        hidden = self.transformer(
+            self.embed(src), self.embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
+            src_key_padding_mask=src == PAD, memory_key_padding_mask=src == PAD,
+        )
+        return hidden @ self.embedding.weight.t()
+
+
+def make_batches(cfg, num_batches, batch, max_len, device, seed=0):
+    """Random sentence pairs of ragged lengths (half to full max_len), padded, as (src, tgt_in, tgt_out)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(num_batches):
+        src = torch.randint(4, cfg.vocab_size, (batch, max_len), generator=gen)
+        tgt = torch.randint(4, cfg.vocab_size, (batch, max_len + 1), generator=gen)
+        src_len = torch.randint(max_len // 2, max_len + 1, (batch,), generator=gen)
+        tgt_len = torch.randint(max_len // 2, max_len + 1, (batch,), generator=gen)
+        positions = torch.arange(max_len + 1)
+        src[positions[None, :max_len] >= src_len[:, None]] = PAD
+        tgt[positions[None, :] > tgt_len[:, None]] = PAD
+        tgt[:, 0] = BOS
+        batches.append((src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)))
+    return batches
+
+
+def train_throughput(model, batches, dtype, device, warmup=2):
+    """Target tokens per second of forward + backward + Adam over the batches."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    autocast = torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
+    model.train()
+
+    def step(src, tgt_in, tgt_out):
+        with autocast:
+            logits = model(src, tgt_in)
+        loss, _, count = label_smoothed_cross_entropy(logits, tgt_out, 0.1, PAD)
+        optimizer.zero_grad(set_to_none=True)
+        (loss / count).backward()
+        optimizer.step()
+        return int(count)
+
+    for batch in batches[:warmup]:
+        step(*batch)
+    _sync(device)
+    start, tokens = time.perf_counter(), 0
+    for batch in batches[warmup:]:
+        tokens += step(*batch)
+    _sync(device)
+    return tokens / (time.perf_counter() - start)
+
+
+@torch.no_grad()
+def decode_throughput(model, src, steps, cached):
+    """Sentences per second of greedy decoding for exactly `steps` tokens (eos banned)."""
+    model.eval()
+    start = time.perf_counter()
+    if cached:
+        state = model.start_decoding(src)
+        tokens = torch.full((src.shape[0],), BOS, device=src.device)
+        for _ in range(steps):
+            logits = model.decode_step(tokens, state)
+            logits[:, EOS] = float("-inf")
+            tokens = logits.argmax(-1)
+    else:  # recompute the whole prefix every step; the encoder still runs once
+        memory, src_mask = model.encode(src)
+        memory_kv = model.decoder.project_memory(memory)
+        prefix = torch.full((src.shape[0], 1), BOS, device=src.device)
+        for _ in range(steps):
+            hidden, _ = model.decoder(prefix, memory_kv, src_mask)
+            logits = model.decoder.generator(hidden[:, -1])
+            logits[:, EOS] = float("-inf")
+            prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], dim=1)
+    _sync(src.device)
+    return src.shape[0] / (time.perf_counter() - start)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "base", "big"])
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--batch", type=int, default=32, help="sentence pairs per batch")
+    parser.add_argument("--max-len", type=int, default=32, help="longest sentence in tokens")
+    parser.add_argument("--steps", type=int, default=12, help="timed training steps per round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is kept")
+    parser.add_argument("--decode-batch", type=int, default=32)
+    parser.add_argument("--decode-presets", default="tiny,base",
+                        help="comma-separated presets whose greedy decoding is timed")
+    parser.add_argument("--decode-steps", type=int, default=40)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="dense peak of the accelerator for MFU (H100/H200 bf16: 989)")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab_size)
+    torch.manual_seed(0)
+    ours = Transformer(cfg).to(device)
+    baseline = NNTransformerBaseline(cfg).to(device)
+    batches = make_batches(cfg, args.steps + 2, args.batch, args.max_len, device)
+
+    ours_tps, base_tps = [], []
+    for _ in range(args.rounds):  # alternate so that machine noise hits both alike
+        ours_tps.append(train_throughput(ours, batches, dtype, device))
+        base_tps.append(train_throughput(baseline, batches, dtype, device))
+
+    decode = {}
+    for preset in args.decode_presets.split(","):
+        decode_cfg = TransformerConfig.preset(preset, vocab_size=args.vocab_size)
+        decoder_model = Transformer(decode_cfg).to(device)
+        src = make_batches(decode_cfg, 1, args.decode_batch, args.max_len, device, seed=1)[0][0]
+        cached, uncached = [], []
+        for _ in range(args.rounds):
+            cached.append(decode_throughput(decoder_model, src, args.decode_steps, cached=True))
+            uncached.append(decode_throughput(decoder_model, src, args.decode_steps, cached=False))
+        decode[preset] = {
+            "sentences_per_s_cached": round(statistics.median(cached), 2),
+            "sentences_per_s_uncached": round(statistics.median(uncached), 2),
+            "cache_speedup": round(statistics.median(cached) / statistics.median(uncached), 2),
+        }
+
+    train_ours, train_base = statistics.median(ours_tps), statistics.median(base_tps)
+    non_embedding = ours.num_parameters() - cfg.vocab_size * cfg.d_model
+    # ~6 FLOPs per parameter per token (forward 2, backward 4), plus the tied output layer.
+    flops_per_token = 6 * (non_embedding + cfg.vocab_size * cfg.d_model)
+    result = {
+        "benchmark": "model_step",
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                   f"{torch.get_num_threads()} threads",
+        "preset": args.preset, "dtype": args.dtype, "parameters": ours.num_parameters(),
+        "batch": args.batch, "max_len": args.max_len,
+        "train_tokens_per_s": round(train_ours, 1),
+        "nn_transformer_tokens_per_s": round(train_base, 1),
+        "train_speed_ratio": round(train_ours / train_base, 3),
+        "decode_tokens": args.decode_steps, "decode_batch": args.decode_batch,
+        "decode": decode,
+    }
+    if device.type == "cuda":
+        result["model_tflops"] = round(train_ours * flops_per_token / 1e12, 1)
+        result["mfu"] = round(train_ours * flops_per_token / (args.peak_tflops * 1e12), 3)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The experiment config tree: defaults, then a YAML file, then `--set a.b=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from model import TransformerConfig
+
+from .errors import UserError
+
+
+class ConfigError(UserError):
+    """A mistake in a config file or override; the message names the file, line and key."""
+
+
+@dataclass
+class DataConfig:
+    """Where the corpus comes from, how it is cleaned and tokenized, where shards go."""
+
+    source: str = "demo"  # demo | files | hf
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    path: str = ""  # files: directory of the split files; hf: a saved dataset directory
+    format: str = "text"  # files: text (one file per language) | tsv | jsonl | parquet
+    splits: dict[str, str] = field(
+        default_factory=lambda: {"train": "train", "validation": "val", "test": "test"}
+    )  # our split name -> file stem (text: <stem>.<lang>) or HF split name
+    src_field: str = ""  # tsv/jsonl/parquet/hf column; "" = the language code; dots nest
+    tgt_field: str = ""
+    hf_name: str = ""  # a hub dataset, e.g. bentrevett/multi30k or wmt14
+    hf_config: str = ""  # e.g. de-en for wmt14
+    demo_sizes: dict[str, int] = field(
+        default_factory=lambda: {"train": 50_000, "validation": 1_000, "test": 1_000}
+    )
+    seed: int = 0
+    on_bad_utf8: str = "error"  # error | replace
+    max_len: int = 128  # subword tokens per side, longer pairs are dropped
+    max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
+    dedup: bool = False  # drop exact duplicate pairs in the training split
+    vocab_size: int = 8000
+    tokenizer_type: str = "bpe"  # bpe | unigram
+    joint_vocab: bool = True  # one vocabulary for both sides, so embeddings can be tied
+    tokenizer_sample: int = 200_000  # sentences per side sampled to train SentencePiece
+    character_coverage: float = 1.0
+    output_dir: str = "data/prepared"  # local path or storage URI
+    num_shards: int = 0  # Parquet files per split; 0 lets Ray Data decide
+
+
+@dataclass
+class ModelConfig:
+    """A TransformerConfig preset plus overrides; None keeps the preset's value."""
+
+    preset: str = "tiny"
+    d_model: int | None = None
+    d_ff: int | None = None
+    num_heads: int | None = None
+    num_layers: int | None = None  # both stacks; the two below win if set
+    num_encoder_layers: int | None = None
+    num_decoder_layers: int | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    norm_first: bool | None = None
+    positional_encoding: str | None = None
+    tie_embeddings: bool | None = None
+    max_positions: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    """Ray Train scaling and the optimisation recipe of Sec. 5."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: int = 1
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    max_tokens: int = 4096  # padded source + target tokens per batch per worker
+    update_freq: int = 1  # gradient accumulation
+    epochs: int = 10
+    max_steps: int = 0  # 0: no limit besides epochs
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0: no clipping
+    amp: str = "auto"  # auto | bf16 | fp16 | off
+    compile: bool = False
+    seed: int = 0
+    val_interval: int = 0  # updates between validations; 0: every epoch
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    keep_checkpoints: int = 3
+    average_last: int = 5
+    storage_path: str = "runs"
+    run_name: str = ""
+    max_failures: int = 0
+
+
+@dataclass
+class TuneConfig:
+    """Ray Tune sweep settings."""
+
+    num_samples: int = 4
+    max_concurrent_trials: int = 0  # 0: as many as the cluster fits
+    scheduler: str = "asha"  # asha | fifo
+    grace_period: int = 1
+    reduction_factor: int = 2
+    search: str = "random"  # random | grid | optuna
+    metric: str = "val_bleu"
+    mode: str = "max"
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking and registry; an empty tracking_uri means MLFLOW_TRACKING_URI or sqlite:///mlflow.db."""
+
+    tracking_uri: str = ""
+    experiment: str = "transformer-nmt"
+    registered_model: str = "transformer-nmt"
+    register: bool = True
+
+
+@dataclass
+class ServeConfig:
+    """The Ray Serve translation service."""
+
+    model_uri: str = "models:/transformer-nmt@champion"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.05
+    max_ongoing_requests: int = 32
+    max_queued_requests: int = 64
+    request_timeout_s: float = 30.0
+    max_texts: int = 64
+    max_chars: int = 1000
+
+
+@dataclass
+class Config:
+    """The whole experiment: one section per pipeline stage."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict: what the driver hands to Ray and what MLflow logs."""
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys ("train.warmup_steps") to values, as --set and search spaces name them."""
+        return dict(_flatten(self.to_dict()))
+
+    def transformer_config(self, vocab_size: int, tgt_vocab_size: int | None = None) -> TransformerConfig:
+        """The model's TransformerConfig: the preset, this section's overrides and the data's vocabulary."""
+        overrides = {k: v for k, v in dataclasses.asdict(self.model).items() if v is not None and k != "preset"}
+        overrides.update(vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size,
+                         label_smoothing=self.train.label_smoothing)
+        try:
+            return TransformerConfig.preset(self.model.preset, **overrides)
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from None
+
+
+# Keys whose values come from a fixed set, and numeric keys with a lower bound.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "data.source": ("demo", "files", "hf"),
+    "data.format": ("text", "tsv", "jsonl", "parquet"),
+    "data.on_bad_utf8": ("error", "replace"),
+    "data.tokenizer_type": ("bpe", "unigram"),
+    "model.preset": ("tiny", "base", "big"),
+    "train.amp": ("auto", "bf16", "fp16", "off"),
+    "train.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    "tune.scheduler": ("asha", "fifo"),
+    "tune.search": ("random", "grid", "optuna"),
+    "tune.mode": ("max", "min"),
+}
+POSITIVE = {
+    "data.max_len", "data.max_len_ratio", "data.vocab_size", "data.tokenizer_sample",
+    "data.character_coverage", "train.num_workers", "train.cpus_per_worker", "train.max_tokens",
+    "train.update_freq", "train.epochs", "train.warmup_steps", "train.lr_scale", "train.beam_size",
+    "train.keep_checkpoints", "train.average_last", "tune.num_samples", "tune.grace_period",
+    "tune.reduction_factor", "serve.port", "serve.max_batch_size", "serve.max_ongoing_requests",
+    "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
+}
+NON_NEGATIVE = {
+    "data.num_shards", "data.seed", "train.max_steps", "train.clip_norm", "train.val_interval",
+    "train.max_failures", "train.length_penalty", "tune.max_concurrent_trials",
+    "serve.batch_wait_timeout_s",
+}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict) and prefix == "":
+            yield from _flatten(value, f"{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file at path, then each "a.b=value" override, checked as they apply."""
+    tree: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    where = "<defaults>"
+    if path is not None:
+        where = str(path)
+        tree, lines = _read_yaml(Path(path))
+    config = config_from_dict(tree, where=where, lines=lines)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.epochs=3")
+        set_value(config, key.strip(), yaml.safe_load(raw) if raw.strip() else "", where=f"--set {item}")
+    return config
+
+
+def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[str, int] | None = None) -> Config:
+    """Build and check a Config from a nested dict (a YAML file, or the dict a Ray worker receives)."""
+    config = Config()
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    for section, values in tree.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{_at(where, lines, section)}: section {section!r} must be a mapping")
+        for key, value in values.items():
+            set_value(config, f"{section}.{key}", value, where=_at(where, lines, f"{section}.{key}"))
+    return config
+
+
+def set_value(config: Config, dotted: str, value: Any, where: str = "<override>") -> None:
+    """Set config[dotted] = value after checking the key exists and the value has its type."""
+    section_name, _, key = dotted.partition(".")
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    if section_name not in sections:
+        raise ConfigError(f"{where}: unknown section {section_name!r}{_suggest(section_name, sections)}")
+    section = getattr(config, section_name)
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if key not in fields:
+        raise ConfigError(
+            f"{where}: unknown key {dotted!r}{_suggest(key, fields, prefix=section_name + '.')}"
+        )
+    hint = typing.get_type_hints(type(section))[key]
+    value = _check_type(value, hint, dotted, where)
+    if dotted in CHOICES and value not in CHOICES[dotted]:
+        raise ConfigError(f"{where}: {dotted} must be one of {list(CHOICES[dotted])}, got {value!r}")
+    if dotted in POSITIVE and value <= 0:
+        raise ConfigError(f"{where}: {dotted} must be positive, got {value!r}")
+    if dotted in NON_NEGATIVE and value < 0:
+        raise ConfigError(f"{where}: {dotted} must be >= 0, got {value!r}")
+    setattr(section, key, value)
+
+
+def _check_type(value: Any, hint: Any, dotted: str, where: str) -> Any:
+    """The value converted to the field's type where that is lossless (int -> float), else an error."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        hint = next(o for o in options if o is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {dotted} must be a mapping, got {value!r}")
+        return {_check_type(k, key_type, dotted, where): _check_type(v, value_type, f"{dotted}.{k}", where)
+                for k, v in value.items()}
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # e.g. hf_config: 2016 read by YAML as a number
+    if isinstance(value, bool) and hint is not bool or not isinstance(value, hint):
+        raise ConfigError(
+            f"{where}: {dotted} must be of type {hint.__name__}, got {value!r} ({type(value).__name__})"
+        )
+    return value
+
+
+def _suggest(name: str, known, prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    return f"; known: {', '.join(prefix + k for k in known)}"
+
+
+def _at(where: str, lines: dict[str, int] | None, key: str) -> str:
+    line = (lines or {}).get(key)
+    return f"{where}:{line}" if line else where
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """The YAML mapping in path and the line of each "section" / "section.key"."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
+    text = path.read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            lines[key_node.value] = key_node.start_mark.line + 1
+            if isinstance(value_node, yaml.MappingNode):
+                for sub_key, _ in value_node.value:
+                    lines[f"{key_node.value}.{sub_key.value}"] = sub_key.start_mark.line + 1
+    return (tree or {}), lines
