@@ -12,9 +12,10 @@ from typing import Any
 
 import yaml
 
-from model import TransformerConfig
-
 from .errors import UserError
+
+if typing.TYPE_CHECKING:  # torch is imported only where a model is built, not by Ray Data workers
+    from model import TransformerConfig
 
 
 class ConfigError(UserError):
@@ -163,6 +164,8 @@ class Config:
 
     def transformer_config(self, vocab_size: int, tgt_vocab_size: int | None = None) -> TransformerConfig:
         """The model's TransformerConfig: the preset, this section's overrides and the data's vocabulary."""
+        from model import TransformerConfig
+
         overrides = {k: v for k, v in dataclasses.asdict(self.model).items() if v is not None and k != "preset"}
         overrides.update(vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size,
                          label_smoothing=self.train.label_smoothing)

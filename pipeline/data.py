@@ -1,0 +1,272 @@
+"""Corpus preparation on Ray Data: read -> clean -> encode (SentencePiece actors) -> Parquet + manifest.
+
+The output directory is content-addressed (a hash of the source data and the data config),
+so re-running with identical inputs reuses it and any change prepares anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import re
+import sys
+import time
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from . import storage
+from .config import DataConfig
+from .corpus import CorpusError, read_corpus, source_fingerprint
+from .tokenizer import Tokenizer, train_tokenizer
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1  # bump when the layout of prepared data changes
+DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, whitespace runs collapsed to one space, stripped."""
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def clean_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Normalise both sides and mark empty pairs (drop = "empty"); nothing is removed yet."""
+    src = [normalize(s) for s in batch["src"]]
+    tgt = [normalize(t) for t in batch["tgt"]]
+    empty = np.array([not s or not t for s, t in zip(src, tgt)], dtype=bool)
+    return {"src": np.array(src, dtype=object), "tgt": np.array(tgt, dtype=object),
+            "drop": np.where(empty, "empty", "").astype(object)}
+
+
+class EncodeBatch:
+    """Ray Data actor: loads SentencePiece once, cleans and encodes both sides, marks what to drop.
+
+    Length and ratio filters apply to filter_split only (training data); validation and test
+    sets are kept whole, so scores stay comparable with published ones.
+    """
+
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None, max_len: int, max_ratio: float,
+                 filter_split: str):
+        self.tokenizer = Tokenizer(src_proto, tgt_proto)
+        self.max_len, self.max_ratio, self.filter_split = max_len, max_ratio, filter_split
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        batch = {**batch, **clean_batch(batch)}
+        src_ids = self.tokenizer.encode_src(batch["src"].tolist())
+        tgt_ids = self.tokenizer.encode_tgt(batch["tgt"].tolist())
+        src_len = np.fromiter(map(len, src_ids), dtype=np.int32, count=len(src_ids))
+        tgt_len = np.fromiter(map(len, tgt_ids), dtype=np.int32, count=len(tgt_ids))
+        drop = batch["drop"]
+        candidates = (drop == "") & (batch["split"] == self.filter_split)
+        too_long = candidates & ((src_len > self.max_len) | (tgt_len > self.max_len))
+        drop[too_long] = "too_long"
+        ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
+        drop[candidates & ~too_long & (ratio > self.max_ratio)] = "ratio"
+        return {
+            "split": batch["split"], "src": batch["src"], "tgt": batch["tgt"], "drop": drop,
+            "src_ids": pa.array(src_ids, type=pa.list_(pa.int32())),
+            "tgt_ids": pa.array(tgt_ids, type=pa.list_(pa.int32())),
+            "src_len": src_len, "tgt_len": tgt_len,
+        }
+
+
+@dataclass
+class Manifest:
+    """What a prepared dataset holds: counts, lengths, drops per rule, hashes, file layout."""
+
+    path: str
+    content: dict[str, Any]
+
+    def split_dir(self, split: str) -> str:
+        """Directory of a split's Parquet shards."""
+        if split not in self.content["splits"]:
+            raise CorpusError(f"{self.path}: no split {split!r}; it has {sorted(self.content['splits'])}")
+        return storage.join(self.path, split)
+
+    def tokenizer(self) -> Tokenizer:
+        """The SentencePiece model(s) the data was encoded with."""
+        files = [storage.read_bytes(storage.join(self.path, name)) for name in self.content["tokenizer"]["files"]]
+        return Tokenizer(*files)
+
+    @property
+    def sha256(self) -> str:
+        """The dataset's identity: the hash its directory is named after."""
+        return self.content["fingerprint"]
+
+    def summary(self) -> str:
+        """A few human-readable lines: where the data is, counts and drops per split."""
+        lines = [f"prepared data: {self.path}"]
+        for split, info in self.content["splits"].items():
+            dropped = ", ".join(f"{rule} {n}" for rule, n in info["dropped"].items() if n) or "none"
+            lines.append(
+                f"  {split:<10} {info['pairs']:>9,} pairs  src {info['src_tokens_mean']:.1f} / tgt "
+                f"{info['tgt_tokens_mean']:.1f} tokens on average  dropped: {dropped}"
+            )
+        tok = self.content["tokenizer"]
+        lines.append(f"  tokenizer  {tok['type']} {'joint' if tok['joint'] else 'separate'} "
+                     f"vocab {tok['src_vocab_size']}/{tok['tgt_vocab_size']}  sha256 {tok['sha256'][:12]}")
+        return "\n".join(lines)
+
+
+def load_manifest(path: str) -> Manifest:
+    """The manifest of a prepared dataset directory (its presence marks the data complete)."""
+    manifest_path = storage.join(path, MANIFEST)
+    if not storage.exists(manifest_path):
+        raise CorpusError(f"{path}: not a prepared dataset (no {MANIFEST}); run `nmt prepare` first")
+    return Manifest(path, json.loads(storage.read_bytes(manifest_path)))
+
+
+def config_fingerprint(cfg: DataConfig) -> str:
+    """Hash of every data setting that changes the prepared output (not where it is written)."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("output_dir", "path")}
+    return hashlib.sha256(json.dumps([FORMAT_VERSION, settings], sort_keys=True).encode()).hexdigest()
+
+
+def prepared_path(cfg: DataConfig) -> tuple[str, str, str]:
+    """(directory, source hash, config hash): the directory is named after both hashes."""
+    src_hash, cfg_hash = source_fingerprint(cfg), config_fingerprint(cfg)
+    fingerprint = hashlib.sha256(f"{src_hash}:{cfg_hash}".encode()).hexdigest()[:16]
+    name = f"{cfg.source}-{cfg.src_lang}-{cfg.tgt_lang}-{fingerprint}"
+    return storage.join(cfg.output_dir, name), src_hash, cfg_hash
+
+
+def _log(message: str) -> None:
+    print(f"[prepare] {message}", file=sys.stderr, flush=True)
+
+
+def _tokenizer_sample(table: pa.Table, size: int, seed: int) -> tuple[list[str], list[str]]:
+    """A seeded random sample of cleaned, non-empty training pairs for SentencePiece."""
+    rows = list(range(table.num_rows))
+    if len(rows) > size:
+        rows = sorted(random.Random(seed).sample(rows, size))
+    sample = clean_batch({"src": np.array(table.column("src").take(rows).to_pylist(), dtype=object),
+                          "tgt": np.array(table.column("tgt").take(rows).to_pylist(), dtype=object)})
+    keep = sample["drop"] == ""
+    return list(sample["src"][keep]), list(sample["tgt"][keep])
+
+
+def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) -> Manifest:
+    """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest."""
+    final, src_hash, cfg_hash = prepared_path(cfg)
+    if not force and storage.exists(storage.join(final, MANIFEST)):
+        _log(f"reusing {final} (same source data and data config)")
+        return load_manifest(final)
+    started = time.perf_counter()
+    tables = read_corpus(cfg)
+    for split, table in tables.items():
+        if table.num_rows == 0:
+            raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
+    _log(", ".join(f"{split}: {t.num_rows:,} pairs read" for split, t in tables.items()))
+
+    tokenizer = train_tokenizer(*_tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+                                vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
+                                joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
+    _log(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
+         f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
+
+    from .cluster import ensure_ray
+
+    ensure_ray(address)
+    out = final if storage.is_uri(final) else storage.temporary_sibling(final)
+    try:
+        splits = _prepare_splits(tables, tokenizer, cfg, out)
+        files = [path.rsplit("/", 1)[-1] for path in _save_tokenizer(tokenizer, out)]
+        content = {
+            "format_version": FORMAT_VERSION, "fingerprint": final.rstrip("/").rsplit("-", 1)[-1],
+            "source": cfg.source, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+            "source_sha256": src_hash, "config_sha256": cfg_hash, "data_config": dataclasses.asdict(cfg),
+            "splits": splits,
+            "tokenizer": {"type": cfg.tokenizer_type, "joint": tokenizer.joint, "files": files,
+                          "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
+                          "sha256": tokenizer.sha256(), "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3},
+            "created_s": round(time.time(), 3), "seconds": round(time.perf_counter() - started, 2),
+        }
+        storage.write_bytes(storage.join(out, MANIFEST), json.dumps(content, indent=2).encode())
+    except BaseException:
+        if not storage.is_uri(final):
+            storage.remove_dir(out)  # nothing half-written is left behind
+        raise
+    if not storage.is_uri(final):
+        storage.publish_dir(out, final)
+    manifest = load_manifest(final)
+    _log(f"done in {time.perf_counter() - started:.1f}s")
+    return manifest
+
+
+def _save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
+    names = ["spm.model"] if tokenizer.joint else ["spm.src.model", "spm.tgt.model"]
+    protos = [tokenizer.src_proto] if tokenizer.joint else [tokenizer.src_proto, tokenizer.tgt_proto]
+    paths = [storage.join(directory, name) for name in names]
+    for path, proto in zip(paths, protos):
+        storage.write_bytes(path, proto)
+    return paths
+
+
+def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
+    """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
+
+    One pipeline rather than one per split: each Ray Data execution pays for starting its
+    actors, which on a small corpus costs more than the work itself.
+    """
+    import pyarrow.compute as pc
+    import ray
+
+    ray.data.DataContext.get_current().execution_options.preserve_order = True  # reproducible shards
+    table = pa.concat_tables(
+        t.append_column("split", pa.array([split] * t.num_rows, pa.string())) for split, t in tables.items()
+    )
+    num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ds = ray.data.from_arrow(table).repartition(max(num_cpus, table.num_rows // 50_000 + 1))
+    ds = ds.map_batches(
+        EncodeBatch, batch_format="numpy", batch_size=4096,
+        fn_constructor_kwargs=dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto,
+                                   max_len=cfg.max_len, max_ratio=cfg.max_len_ratio, filter_split="train"),
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=num_cpus),
+    ).materialize()
+    rows = ds.select_columns(["split", "drop", "src_len", "tgt_len"]).to_arrow_refs()
+    stats = pa.concat_tables(ray.get(rows))
+    kept = ds.filter(expr="drop == ''").drop_columns(["drop"])
+    dropped = {split: {rule: 0 for rule in DROP_RULES} for split in tables}
+    if cfg.dedup:  # exact duplicates of the training split, found with a distributed group-by
+        train = kept.filter(expr="split == 'train'")
+        before = train.count()
+        train = train.groupby(["src", "tgt"]).map_groups(lambda g: g.head(1), batch_format="pandas")
+        kept = kept.filter(expr="split != 'train'").union(train).materialize()
+        dropped["train"]["duplicate"] = before - train.count()
+    if cfg.num_shards:
+        kept = kept.repartition(cfg.num_shards * len(tables))
+    kept.write_parquet(out, partition_cols=["split"])
+    # Hive-style split=<name> directories become plain <name> ones, the layout readers expect.
+    for split in tables:
+        storage.rename(storage.join(out, f"split={split}"), storage.join(out, split))
+
+    entries = {}
+    for split, raw in tables.items():
+        mine = stats.filter(pc.equal(stats["split"], split))
+        drops = mine["drop"].to_numpy(zero_copy_only=False)
+        for rule in ("empty", "too_long", "ratio"):
+            dropped[split][rule] = int((drops == rule).sum())
+        keep = drops == ""
+        src_len = mine["src_len"].to_numpy()[keep]
+        tgt_len = mine["tgt_len"].to_numpy()[keep]
+        pairs = int(keep.sum()) - dropped[split]["duplicate"]
+        if pairs == 0:
+            raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped[split]}); "
+                              f"relax data.max_len / data.max_len_ratio or check the corpus")
+        _log(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
+             f"{', '.join(f'{k} {v}' for k, v in dropped[split].items() if v) or 'none'})")
+        entries[split] = {
+            "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped[split],
+            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
+            "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
+            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
+            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
+        }
+    return entries
