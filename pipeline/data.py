@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from . import storage
 from .config import DataConfig
-from .corpus import CorpusError, read_corpus, source_fingerprint
+from .corpus import CorpusError, check_source, read_corpus, source_fingerprint
 from .tokenizer import Tokenizer, train_tokenizer
 
 MANIFEST = "manifest.json"
@@ -154,6 +154,7 @@ def _tokenizer_sample(table: pa.Table, size: int, seed: int) -> tuple[list[str],
 
 def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) -> Manifest:
     """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest."""
+    check_source(cfg)
     final, src_hash, cfg_hash = prepared_path(cfg)
     if not force and storage.exists(storage.join(final, MANIFEST)):
         _log(f"reusing {final} (same source data and data config)")
@@ -217,6 +218,7 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
     """
     import pyarrow.compute as pc
     import ray
+    from ray.data.expressions import col
 
     ray.data.DataContext.get_current().execution_options.preserve_order = True  # reproducible shards
     table = pa.concat_tables(
@@ -230,43 +232,42 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
                                    max_len=cfg.max_len, max_ratio=cfg.max_len_ratio, filter_split="train"),
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=num_cpus),
     ).materialize()
-    rows = ds.select_columns(["split", "drop", "src_len", "tgt_len"]).to_arrow_refs()
-    stats = pa.concat_tables(ray.get(rows))
-    kept = ds.filter(expr="drop == ''").drop_columns(["drop"])
-    dropped = {split: {rule: 0 for rule in DROP_RULES} for split in tables}
+    stats = pa.concat_tables(ray.get(ds.select_columns(["split", "drop", "src_len", "tgt_len"]).to_arrow_refs()))
+    kept = ds.filter(expr=col("drop") == "").drop_columns(["drop"])
+    duplicates = 0
     if cfg.dedup:  # exact duplicates of the training split, found with a distributed group-by
-        train = kept.filter(expr="split == 'train'")
+        train = kept.filter(expr=col("split") == "train")
         before = train.count()
         train = train.groupby(["src", "tgt"]).map_groups(lambda g: g.head(1), batch_format="pandas")
-        kept = kept.filter(expr="split != 'train'").union(train).materialize()
-        dropped["train"]["duplicate"] = before - train.count()
+        kept = kept.filter(expr=col("split") != "train").union(train).materialize()
+        duplicates = before - train.count()
+
+    entries = {}
+    for split, raw in tables.items():
+        mine = stats.filter(pc.equal(stats["split"], split))
+        drops = mine["drop"].to_numpy(zero_copy_only=False)
+        dropped = {rule: int((drops == rule).sum()) for rule in DROP_RULES}
+        dropped["duplicate"] = duplicates if split == "train" else 0
+        keep = drops == ""
+        pairs = int(keep.sum()) - dropped["duplicate"]
+        if pairs == 0:
+            raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped}); "
+                              f"relax data.max_len / data.max_len_ratio or check the corpus")
+        src_len, tgt_len = mine["src_len"].to_numpy()[keep], mine["tgt_len"].to_numpy()[keep]
+        _log(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
+             f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
+        entries[split] = {
+            "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped,
+            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
+            "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
+            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
+            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
+        }
+
     if cfg.num_shards:
         kept = kept.repartition(cfg.num_shards * len(tables))
     kept.write_parquet(out, partition_cols=["split"])
     # Hive-style split=<name> directories become plain <name> ones, the layout readers expect.
     for split in tables:
         storage.rename(storage.join(out, f"split={split}"), storage.join(out, split))
-
-    entries = {}
-    for split, raw in tables.items():
-        mine = stats.filter(pc.equal(stats["split"], split))
-        drops = mine["drop"].to_numpy(zero_copy_only=False)
-        for rule in ("empty", "too_long", "ratio"):
-            dropped[split][rule] = int((drops == rule).sum())
-        keep = drops == ""
-        src_len = mine["src_len"].to_numpy()[keep]
-        tgt_len = mine["tgt_len"].to_numpy()[keep]
-        pairs = int(keep.sum()) - dropped[split]["duplicate"]
-        if pairs == 0:
-            raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped[split]}); "
-                              f"relax data.max_len / data.max_len_ratio or check the corpus")
-        _log(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
-             f"{', '.join(f'{k} {v}' for k, v in dropped[split].items() if v) or 'none'})")
-        entries[split] = {
-            "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped[split],
-            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
-            "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
-            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
-            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
-        }
     return entries

@@ -82,7 +82,7 @@ class Tokenizer:
 
 
 def _train_model(sentences: Iterable[str], vocab_size: int, model_type: str,
-                 character_coverage: float, seed_sentences: int) -> bytes:
+                 character_coverage: float) -> bytes:
     """Train one SentencePiece model in memory and return its serialized proto."""
     model = io.BytesIO()
     try:
@@ -94,7 +94,7 @@ def _train_model(sentences: Iterable[str], vocab_size: int, model_type: str,
             # decode(encode(x)) == x instead of silently applying NFKC.
             normalization_rule_name="identity",
             hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary, not an error
-            input_sentence_size=seed_sentences, shuffle_input_sentence=True,
+            input_sentence_size=0,  # the caller already drew a bounded random sample
             num_threads=os.cpu_count() or 1, minloglevel=2,
         )
     except RuntimeError as err:
@@ -108,11 +108,10 @@ def train_tokenizer(src_texts: Sequence[str], tgt_texts: Sequence[str], vocab_si
     """SentencePiece on the given (already sampled and cleaned) sentences; joint or one per side."""
     if not src_texts or not tgt_texts:
         raise UserError("cannot train a tokenizer on an empty training split")
-    limit = len(src_texts) + len(tgt_texts)
     if joint:
         both = [t for pair in zip(src_texts, tgt_texts) for t in pair]
-        return Tokenizer(_train_model(both, vocab_size, model_type, character_coverage, limit))
+        return Tokenizer(_train_model(both, vocab_size, model_type, character_coverage))
     return Tokenizer(
-        _train_model(src_texts, vocab_size, model_type, character_coverage, limit),
-        _train_model(tgt_texts, vocab_size, model_type, character_coverage, limit),
+        _train_model(src_texts, vocab_size, model_type, character_coverage),
+        _train_model(tgt_texts, vocab_size, model_type, character_coverage),
     )

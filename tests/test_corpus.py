@@ -1,0 +1,124 @@
+"""Reading corpora strictly: every bad input is a one-line error naming file and line, pairing never shifts."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import DataConfig
+from pipeline.corpus import CorpusError, read_corpus, read_lines, source_fingerprint
+
+
+def files_config(tmp_path, **overrides):
+    values = dict(source="files", path=str(tmp_path), splits={"train": "train", "validation": "val"})
+    values.update(overrides)
+    return DataConfig(**values)
+
+
+def write_pair(tmp_path, stem, src: bytes, tgt: bytes):
+    (tmp_path / f"{stem}.en").write_bytes(src)
+    (tmp_path / f"{stem}.de").write_bytes(tgt)
+
+
+def test_line_breaks_other_than_newline_never_shift_the_pairing(tmp_path):
+    # CRLF, a BOM, and U+2028 / U+0085 inside lines: str.splitlines() would split on the last two.
+    src = "\ufeffone\r\ntwo\u2028still two\r\nthree\x85still three\n".encode()
+    tgt = b"eins\ntwo de\ndrei\n"
+    write_pair(tmp_path, "train", src, tgt)
+    assert read_lines(tmp_path / "train.en") == ["one", "two\u2028still two", "three\x85still three"]
+    write_pair(tmp_path, "val", b"a\n", b"b\n")
+    table = read_corpus(files_config(tmp_path))["train"]
+    assert table.column("tgt").to_pylist() == ["eins", "two de", "drei"]
+    assert table.num_rows == 3
+
+
+@pytest.mark.parametrize(
+    "src, tgt, expected",
+    [
+        (b"a\nb\nc\n", b"x\ny\n", r"train\.en has 3 lines, .*train\.de has 2"),
+        (b"ok\nbad \xff byte\n", b"x\ny\n", r"train\.en:2: invalid UTF-8"),
+        (b"ok\nfine\nnul\x00here\n", b"x\ny\nz\n", r"train\.en:3: NUL byte"),
+    ],
+    ids=["line-counts", "utf8", "nul"],
+)
+def test_bad_parallel_files_name_the_file_and_line(tmp_path, src, tgt, expected):
+    write_pair(tmp_path, "train", src, tgt)
+    write_pair(tmp_path, "val", b"a\n", b"b\n")
+    with pytest.raises(CorpusError, match=expected):
+        read_corpus(files_config(tmp_path))
+
+
+def test_bad_utf8_can_be_replaced_instead(tmp_path):
+    write_pair(tmp_path, "train", b"bad \xff byte\n", b"ok\n")
+    write_pair(tmp_path, "val", b"a\n", b"b\n")
+    table = read_corpus(files_config(tmp_path, on_bad_utf8="replace"))["train"]
+    assert table.column("src").to_pylist() == ["bad \ufffd byte"]
+
+
+def test_missing_files_and_unknown_languages_are_named(tmp_path):
+    write_pair(tmp_path, "train", b"a\n", b"b\n")
+    with pytest.raises(CorpusError, match=r"val\.en: file not found; files there: train\.de, train\.en"):
+        read_corpus(files_config(tmp_path))
+    write_pair(tmp_path, "val", b"a\n", b"b\n")
+    with pytest.raises(CorpusError, match=r"train\.xx: file not found"):
+        read_corpus(files_config(tmp_path, tgt_lang="xx"))
+    with pytest.raises(CorpusError, match="not a directory"):
+        read_corpus(files_config(tmp_path / "nowhere"))
+    with pytest.raises(CorpusError, match="two languages"):
+        read_corpus(files_config(tmp_path, tgt_lang="en"))
+    with pytest.raises(CorpusError, match="unknown split"):
+        read_corpus(files_config(tmp_path, splits={"train": "train", "validation": "val", "dev": "x"}))
+
+
+def test_tsv_and_jsonl_errors_name_the_line(tmp_path):
+    (tmp_path / "train.tsv").write_text("a\tb\nonly one column\n", encoding="utf-8")
+    (tmp_path / "val.tsv").write_text("a\tb\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"train\.tsv:2: expected 2 tab-separated columns"):
+        read_corpus(files_config(tmp_path, format="tsv"))
+    (tmp_path / "train.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "c"\n', encoding="utf-8")
+    (tmp_path / "val.jsonl").write_text('{"en": "a", "de": "b"}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"train\.jsonl:2: invalid JSON"):
+        read_corpus(files_config(tmp_path, format="jsonl"))
+    (tmp_path / "train.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "c", "fr": "d"}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"train\.jsonl:2: field 'de' is missing"):
+        read_corpus(files_config(tmp_path, format="jsonl"))
+
+
+def test_tsv_jsonl_and_parquet_sources_read_the_same_pairs(tmp_path):
+    pairs = [("A dog runs.", "Ein Hund rennt."), ("Two cats.", "Zwei Katzen.")]
+    for stem in ("train", "val"):
+        (tmp_path / f"{stem}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+        (tmp_path / f"{stem}.jsonl").write_text(
+            "".join(json.dumps({"translation": {"en": s, "de": t}}) + "\n" for s, t in pairs), encoding="utf-8")
+        pq.write_table(pa.table({"translation": [{"en": s, "de": t} for s, t in pairs]}),
+                       tmp_path / f"{stem}.parquet")
+    nested = dict(src_field="translation.en", tgt_field="translation.de")
+    for cfg in (files_config(tmp_path, format="tsv"), files_config(tmp_path, format="jsonl", **nested),
+                files_config(tmp_path, format="parquet", **nested)):
+        table = read_corpus(cfg)["train"]
+        assert list(zip(table.column("src").to_pylist(), table.column("tgt").to_pylist())) == pairs
+
+
+def test_hugging_face_saved_dataset_with_a_field_mapping(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {"translation": [{"en": "A house.", "de": "Ein Haus."}, {"en": "A tree.", "de": "Ein Baum."}]}
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
+                               "validation": datasets.Dataset.from_dict(rows)})
+    dd.save_to_disk(str(tmp_path / "hf"))
+    cfg = DataConfig(source="hf", path=str(tmp_path / "hf"), src_field="translation.en",
+                     tgt_field="translation.de", splits={"train": "train", "validation": "validation"})
+    table = read_corpus(cfg)["validation"]
+    assert table.column("tgt").to_pylist() == ["Ein Haus.", "Ein Baum."]
+    with pytest.raises(CorpusError, match="no split 'test'"):
+        read_corpus(DataConfig(**{**cfg.__dict__, "splits": {"train": "train", "validation": "test"}}))
+
+
+def test_source_fingerprint_follows_file_contents(tmp_path):
+    write_pair(tmp_path, "train", b"a\n", b"b\n")
+    write_pair(tmp_path, "val", b"a\n", b"b\n")
+    cfg = files_config(tmp_path)
+    first = source_fingerprint(cfg)
+    assert source_fingerprint(cfg) == first
+    write_pair(tmp_path, "train", b"a\n", b"c\n")
+    assert source_fingerprint(cfg) != first

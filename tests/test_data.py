@@ -1,0 +1,102 @@
+"""`nmt prepare` end to end on Ray Data: Multi30k counts, round trips, cache reuse, nothing half-written."""
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import DataConfig, load_config
+from pipeline.corpus import CorpusError
+from pipeline.data import load_manifest, normalize, prepare
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def multi30k(ray_session, multi30k_dir, tmp_path_factory):
+    """Multi30k en-de prepared once for this module with the shipped config's defaults."""
+    out = tmp_path_factory.mktemp("prepared")
+    cfg = load_config(ROOT / "configs" / "multi30k_en_de.yaml",
+                      [f"data.path={multi30k_dir}", f"data.output_dir={out}"]).data
+    return cfg, prepare(cfg)
+
+
+def test_multi30k_is_prepared_end_to_end(multi30k):
+    cfg, manifest = multi30k
+    splits = manifest.content["splits"]
+    assert splits["train"]["pairs"] >= 28_900
+    assert splits["train"]["read"] == 29_000
+    assert sum(splits["train"]["dropped"].values()) == 29_000 - splits["train"]["pairs"]
+    assert (splits["validation"]["pairs"], splits["test"]["pairs"]) == (1014, 1000)
+    tok = manifest.content["tokenizer"]
+    assert tok["joint"] and tok["src_vocab_size"] == 8000 and tok["sha256"] == manifest.tokenizer().sha256()
+    assert manifest.content["source_sha256"] and manifest.content["config_sha256"]
+    train = pq.read_table(manifest.split_dir("train"))
+    assert train.num_rows == splits["train"]["pairs"]
+    assert set(train.column_names) >= {"src", "tgt", "src_ids", "tgt_ids", "src_len", "tgt_len"}
+    assert max(train.column("tgt_len").to_pylist()) <= cfg.max_len
+
+
+def test_decoding_the_ids_gives_back_the_normalized_text(multi30k, multi30k_dir):
+    _, manifest = multi30k
+    tokenizer = manifest.tokenizer()
+    test = pq.read_table(manifest.split_dir("test")).to_pydict()
+    raw = (multi30k_dir / "test_2016_flickr.de").read_text(encoding="utf-8").split("\n")[:1000]
+    assert test["tgt"] == [normalize(line) for line in raw]  # order kept, nothing dropped
+    assert tokenizer.decode_tgt(test["tgt_ids"]) == test["tgt"]
+    assert [tokenizer.src.decode(ids) for ids in test["src_ids"][:200]] == test["src"][:200]
+    assert all(3 not in ids and 2 not in ids for ids in test["tgt_ids"])  # no bos/eos stored
+
+
+def test_identical_inputs_reuse_the_prepared_data_and_changes_prepare_anew(multi30k, capfd):
+    cfg, manifest = multi30k
+    again = prepare(cfg)
+    assert again.path == manifest.path and "reusing" in capfd.readouterr().err
+    changed = prepare(DataConfig(**{**cfg.__dict__, "max_len": 40}))
+    assert changed.path != manifest.path
+    assert changed.content["splits"]["train"]["dropped"]["too_long"] > 0
+    assert changed.content["splits"]["validation"]["pairs"] == 1014  # filters touch train only
+
+
+def test_a_split_empty_after_cleaning_fails_and_leaves_nothing_behind(ray_session, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for stem in ("train", "val"):
+        (corpus / f"{stem}.en").write_text("a b c d e f g h i j k l\n   \n", encoding="utf-8")
+        (corpus / f"{stem}.de").write_text("x\nnot empty\n", encoding="utf-8")
+    out = tmp_path / "out"
+    cfg = DataConfig(source="files", path=str(corpus), output_dir=str(out), vocab_size=60, max_len_ratio=2.0,
+                     splits={"train": "train", "validation": "val"})
+    with pytest.raises(CorpusError, match=r"split 'train' is empty after cleaning .*'empty': 1.*'ratio': 1"):
+        prepare(cfg)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_demo_corpus_is_prepared_with_its_statistics(ray_session, tmp_path):
+    cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000,
+                     demo_sizes={"train": 3000, "validation": 200, "test": 200})
+    manifest = prepare(cfg)
+    splits = manifest.content["splits"]
+    assert splits["train"]["read"] == 3000 and splits["validation"]["pairs"] == 200
+    assert 10 < splits["train"]["tgt_tokens_mean"] < 40
+    assert json.loads((tmp_path / manifest.path.rsplit("/", 1)[-1] / "manifest.json").read_text())["source"] == "demo"
+    assert load_manifest(manifest.path).sha256 == manifest.sha256
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "data.vocab_sise=8000"], "unknown key 'data.vocab_sise'; did you mean 'data.vocab_size'?"),
+        (["--set", "data.source=web"], "data.source must be one of"),
+        (["--set", "data.source=files", "--set", "data.path=/no/such/dir"], "is not a directory"),
+        (["--config", "/no/such.yaml"], "config file /no/such.yaml does not exist"),
+    ],
+)
+def test_cli_reports_user_mistakes_in_one_line_without_a_traceback(args, message, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pipeline", "prepare", *args], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
