@@ -81,7 +81,8 @@ def test_demo_corpus_is_prepared_with_its_statistics(ray_session, tmp_path):
     splits = manifest.content["splits"]
     assert splits["train"]["read"] == 3000 and splits["validation"]["pairs"] == 200
     assert 10 < splits["train"]["tgt_tokens_mean"] < 40
-    assert json.loads((tmp_path / manifest.path.rsplit("/", 1)[-1] / "manifest.json").read_text())["source"] == "demo"
+    written = tmp_path / manifest.path.rsplit("/", 1)[-1] / "manifest.json"
+    assert json.loads(written.read_text())["source"] == "demo"
     assert load_manifest(manifest.path).sha256 == manifest.sha256
 
 
