@@ -28,6 +28,16 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+
+    outcome = train(_load(args), address=args.address, config_file=args.config)
+    metrics = outcome.metrics
+    print(f"run {outcome.run_name}: best val_bleu {metrics.get('val_bleu', float('nan')):.2f} "
+          f"(step {metrics.get('step', '?')}); MLflow run {outcome.run_id}; checkpoint {outcome.checkpoint_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -40,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     prepare.add_argument("--force", action="store_true", help="prepare anew even if a cached copy exists")
     prepare.set_defaults(func=_cmd_prepare)
+
+    train = commands.add_parser("train", help="train on Ray Train (resumes a run of the same name)")
+    _add_config_options(train)
+    train.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    train.set_defaults(func=_cmd_train)
     return parser
 
 

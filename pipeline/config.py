@@ -94,6 +94,7 @@ class TrainConfig:
     compile: bool = False
     seed: int = 0
     val_interval: int = 0  # updates between validations; 0: every epoch
+    log_every: int = 10  # updates between progress lines and train_loss reports
     beam_size: int = 4
     length_penalty: float = 0.6
     keep_checkpoints: int = 3
@@ -101,6 +102,7 @@ class TrainConfig:
     storage_path: str = "runs"
     run_name: str = ""
     max_failures: int = 0
+    resource_wait_s: float = 30.0  # how long to wait for the cluster to fit the workers
 
 
 @dataclass
@@ -191,14 +193,15 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 POSITIVE = {
     "data.max_len", "data.max_len_ratio", "data.vocab_size", "data.tokenizer_sample",
     "data.character_coverage", "train.num_workers", "train.cpus_per_worker", "train.max_tokens",
-    "train.update_freq", "train.epochs", "train.warmup_steps", "train.lr_scale", "train.beam_size",
+    "train.update_freq", "train.epochs", "train.log_every", "train.warmup_steps", "train.lr_scale",
+    "train.beam_size",
     "train.keep_checkpoints", "train.average_last", "tune.num_samples", "tune.grace_period",
     "tune.reduction_factor", "serve.port", "serve.max_batch_size", "serve.max_ongoing_requests",
     "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
 }
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.clip_norm", "train.val_interval",
-    "train.max_failures", "train.length_penalty", "tune.max_concurrent_trials",
+    "train.max_failures", "train.length_penalty", "train.resource_wait_s", "tune.max_concurrent_trials",
     "serve.batch_wait_timeout_s",
 }
 

@@ -199,9 +199,11 @@ def source_fingerprint(cfg: DataConfig) -> str:
     """A hash of the raw data: file contents for local files, the generator's inputs for the demo."""
     digest = hashlib.sha256()
     if cfg.source == "demo":
-        from . import demo_corpus
+        from . import demo_corpus, demo_lexicon
 
-        digest.update(Path(demo_corpus.__file__).read_bytes())
+        # The generator's grammar and its word lists both decide the pairs it makes.
+        for module in (demo_corpus, demo_lexicon):
+            digest.update(Path(module.__file__).read_bytes())
         digest.update(json.dumps([cfg.demo_sizes, cfg.seed], sort_keys=True).encode())
     elif cfg.source == "hf" and not cfg.path:
         digest.update(json.dumps([cfg.hf_name, cfg.hf_config, cfg.splits]).encode())

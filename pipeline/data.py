@@ -26,7 +26,7 @@ from .corpus import CorpusError, check_source, read_corpus, source_fingerprint
 from .tokenizer import Tokenizer, train_tokenizer
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1  # bump when the layout of prepared data changes
+FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
 _WHITESPACE = re.compile(r"\s+")
 
@@ -70,7 +70,7 @@ class EncodeBatch:
         ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
         drop[candidates & ~too_long & (ratio > self.max_ratio)] = "ratio"
         return {
-            "split": batch["split"], "src": batch["src"], "tgt": batch["tgt"], "drop": drop,
+            "split": batch["split"], "row": batch["row"], "src": batch["src"], "tgt": batch["tgt"], "drop": drop,
             "src_ids": pa.array(src_ids, type=pa.list_(pa.int32())),
             "tgt_ids": pa.array(tgt_ids, type=pa.list_(pa.int32())),
             "src_len": src_len, "tgt_len": tgt_len,
@@ -221,8 +221,12 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
     from ray.data.expressions import col
 
     ray.data.DataContext.get_current().execution_options.preserve_order = True  # reproducible shards
+    # "row" is the pair's line in its split: workers sort their shard by it, so a shard's
+    # order (and so training) does not depend on how Ray Data scheduled the blocks.
     table = pa.concat_tables(
-        t.append_column("split", pa.array([split] * t.num_rows, pa.string())) for split, t in tables.items()
+        t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
+         .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        for split, t in tables.items()
     )
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_arrow(table).repartition(max(num_cpus, table.num_rows // 50_000 + 1))

@@ -15,113 +15,10 @@ import functools
 import random
 from collections import namedtuple
 
+from . import demo_lexicon as lex  # the word lists: data, kept apart from the grammar
+
 DEMO_SPLITS = ("train", "validation", "test")
 MIN_SOURCE_WORDS, MAX_SOURCE_WORDS = 3, 30
-
-# Nouns: "english[/irregular plural] German gender German-plural"; gender "mw" marks the
-# weak masculine nouns, whose accusative and dative singular equal their plural.
-_ANIMATE = """man/men Mann m Männer; woman/women Frau f Frauen; child/children Kind n Kinder;
-boy Junge mw Jungen; girl Mädchen n Mädchen; teacher Lehrer m Lehrer; doctor Arzt m Ärzte;
-student Student mw Studenten; neighbour Nachbar mw Nachbarn; friend Freund m Freunde;
-king König m Könige; soldier Soldat mw Soldaten; sister Schwester f Schwestern;
-brother Bruder m Brüder; mother Mutter f Mütter; father Vater m Väter; baby Baby n Babys;
-president Präsident mw Präsidenten; colleague Kollege mw Kollegen; tourist Tourist mw Touristen;
-dog Hund m Hunde; cat Katze f Katzen; horse Pferd n Pferde; bird Vogel m Vögel;
-mouse/mice Maus f Mäuse; fox Fuchs m Füchse; bear Bär mw Bären; lion Löwe mw Löwen;
-monkey Affe mw Affen; rabbit Hase mw Hasen; elephant Elefant mw Elefanten; pig Schwein n Schweine;
-duck Ente f Enten; wolf/wolves Wolf m Wölfe; snake Schlange f Schlangen"""
-_THINGS = """house Haus n Häuser; car Auto n Autos; book Buch n Bücher; table Tisch m Tische;
-chair Stuhl m Stühle; door Tür f Türen; window Fenster n Fenster; apple Apfel m Äpfel;
-letter Brief m Briefe; key Schlüssel m Schlüssel; bag Tasche f Taschen; box Kiste f Kisten;
-cup Tasse f Tassen; glass Glas n Gläser; bottle Flasche f Flaschen; ball Ball m Bälle;
-bed Bett n Betten; lamp Lampe f Lampen; picture Bild n Bilder; phone Telefon n Telefone;
-computer Computer m Computer; shoe Schuh m Schuhe; hat Hut m Hüte; coat Mantel m Mäntel;
-dress Kleid n Kleider; ship Schiff n Schiffe; train Zug m Züge; bus Bus m Busse;
-bicycle Fahrrad n Fahrräder; flower Blume f Blumen; tree Baum m Bäume; cake Kuchen m Kuchen;
-newspaper Zeitung f Zeitungen; gift Geschenk n Geschenke; game Spiel n Spiele;
-knife/knives Messer n Messer; river Fluss m Flüsse; mountain Berg m Berge; city Stadt f Städte;
-village Dorf n Dörfer; garden Garten m Gärten; park Park m Parks; street Straße f Straßen;
-bridge Brücke f Brücken; school Schule f Schulen; church Kirche f Kirchen;
-station Bahnhof m Bahnhöfe; shop Laden m Läden; room Zimmer n Zimmer; kitchen Küche f Küchen;
-forest Wald m Wälder; lake See m Seen; hotel Hotel n Hotels; restaurant Restaurant n Restaurants;
-library Bibliothek f Bibliotheken; castle Schloss n Schlösser"""
-_ADJECTIVES = """big groß; small klein; old alt; young jung; new neu; red rot; blue blau;
-green grün; black schwarz; white weiß; yellow gelb; brown braun; long lang; short kurz;
-fast schnell; slow langsam; happy glücklich; sad traurig; tired müde; beautiful schön; clean sauber;
-dirty schmutzig; warm warm; cold kalt; heavy schwer; rich reich; strong stark; loud laut;
-quiet leise; friendly freundlich; clever klug; hungry hungrig; strange seltsam; empty leer;
-brave mutig; nice nett"""
-# Verbs: "english[+particle] english-participle german[particle+stem] german-3rd-singular
-# german-participle"; intransitive ones add their perfect auxiliary, h(aben) or s(ein).
-_TRANSITIVE = """see seen sehen sieht gesehen; find found finden findet gefunden;
-buy bought kaufen kauft gekauft; sell sold verkaufen verkauft verkauft;
-read read lesen liest gelesen; write written schreiben schreibt geschrieben;
-love loved lieben liebt geliebt; hear heard hören hört gehört;
-visit visited besuchen besucht besucht; need needed brauchen braucht gebraucht;
-eat eaten essen isst gegessen; take taken nehmen nimmt genommen;
-carry carried tragen trägt getragen; catch caught fangen fängt gefangen;
-wash washed waschen wäscht gewaschen; paint painted malen malt gemalt;
-open opened öffnen öffnet geöffnet; close closed schließen schließt geschlossen;
-build built bauen baut gebaut; cook cooked kochen kocht gekocht; clean cleaned putzen putzt geputzt;
-chase chased jagen jagt gejagt; meet met treffen trifft getroffen; know known kennen kennt gekannt;
-forget forgotten vergessen vergisst vergessen; drink drunk trinken trinkt getrunken;
-watch watched beobachten beobachtet beobachtet; call called an+rufen ruft angerufen;
-invite invited ein+laden lädt eingeladen; pick+up picked ab+holen holt abgeholt;
-put+on put an+ziehen zieht angezogen; take+off taken aus+ziehen zieht ausgezogen;
-turn+on turned ein+schalten schaltet eingeschaltet;
-turn+off turned aus+schalten schaltet ausgeschaltet;
-bring+back brought zurück+bringen bringt zurückgebracht; tidy+up tidied auf+räumen räumt aufgeräumt;
-throw+away thrown weg+werfen wirft weggeworfen"""
-_DITRANSITIVE = """give given geben gibt gegeben; show shown zeigen zeigt gezeigt;
-send sent schicken schickt geschickt; bring brought bringen bringt gebracht;
-offer offered an+bieten bietet angeboten"""
-_INTRANSITIVE = """sleep slept schlafen schläft geschlafen h; run run laufen läuft gelaufen s;
-come come kommen kommt gekommen s; go gone gehen geht gegangen s;
-swim swum schwimmen schwimmt geschwommen s; laugh laughed lachen lacht gelacht h;
-wait waited warten wartet gewartet h; work worked arbeiten arbeitet gearbeitet h;
-play played spielen spielt gespielt h; travel travelled reisen reist gereist s;
-stay stayed bleiben bleibt geblieben s; fall fallen fallen fällt gefallen s;
-arrive arrived an+kommen kommt angekommen s; get+up got auf+stehen steht aufgestanden s;
-wake+up woken auf+wachen wacht aufgewacht s"""
-_REPORTING = """say said sagen sagt gesagt; think thought denken denkt gedacht;
-know known wissen weiß gewusst; believe believed glauben glaubt geglaubt;
-hope hoped hoffen hofft gehofft; hear heard hören hört gehört"""
-# "english=german[=...]": time adverbs list the tenses they fit, (p)resent, per(f)ect or
-# (m)odal; prepositions the case they govern.
-_TIME = """today=heute=pfm; now=jetzt=pm; every day=jeden Tag=pm; in the morning=am Morgen=pfm;
-in the evening=am Abend=pfm; at night=in der Nacht=pfm; yesterday=gestern=f;
-last week=letzte Woche=f; tomorrow=morgen=pm; soon=bald=pm; on Monday=am Montag=pfm;
-on Friday=am Freitag=pfm; on Sunday=am Sonntag=pfm"""
-_FREQUENCY = """often=oft; always=immer; never=nie; rarely=selten; sometimes=manchmal;
-usually=meistens; already=schon; also=auch"""
-_MANNER = """quickly=schnell; slowly=langsam; quietly=leise; carefully=vorsichtig; happily=fröhlich;
-again=wieder; together=zusammen; alone=allein; well=gut; badly=schlecht"""
-_PREPOSITIONS = """with=mit=dat; in=in=dat; on=auf=dat; under=unter=dat; behind=hinter=dat;
-next to=neben=dat; in front of=vor=dat; at=an=dat; from=von=dat; to=zu=dat; near=bei=dat;
-after=nach=dat; without=ohne=acc; for=für=acc; through=durch=acc; around=um=acc;
-against=gegen=acc"""
-_NUMBERS = """two=zwei; three=drei; four=vier; five=fünf; six=sechs; seven=sieben; eight=acht;
-nine=neun; ten=zehn; eleven=elf; twelve=zwölf"""
-
-_COORDINATORS = (("and", ["und"], False), ("but", [",", "aber"], False), ("or", ["oder"], False),
-                 ("and then", ["und", "dann"], True))  # True: the next clause is verb-first
-_SUBORDINATORS = (("because", "weil"), ("although", "obwohl"), ("while", "während"),
-                  ("when", "wenn"), ("if", "falls"), ("before", "bevor"), ("until", "bis"))
-_PRONOUNS = (("I", "ich", "1s"), ("he", "er", "3s"), ("she", "sie", "3s"), ("we", "wir", "1p"),
-             ("they", "sie", "3p"))
-# Determiners: (weight, declension, English, German stem).
-_SG_DETS = ((0.5, "def", "the", ""), (0.22, "ein", "a", "ein"), (0.08, "dies", "this", "dies"),
-            (0.04, "ein", "my", "mein"), (0.03, "ein", "his", "sein"), (0.03, "ein", "her", "ihr"),
-            (0.03, "ein", "our", "unser"), (0.03, "ein", "their", "ihr"),
-            (0.04, "ein", "no", "kein"))
-_PL_DETS = ((0.34, "def", "the", ""), (0.08, "dies", "these", "dies"), (0.04, "ein", "my", "mein"),
-            (0.03, "ein", "our", "unser"), (0.03, "ein", "their", "ihr"),
-            (0.03, "ein", "no", "kein"), (0.25, "num", "", ""), (0.20, "none", "", ""))
-_CONTRACTIONS = {("in", "dem"): "im", ("an", "dem"): "am", ("zu", "dem"): "zum",
-                 ("zu", "der"): "zur", ("bei", "dem"): "beim", ("von", "dem"): "vom"}
-_IRREGULAR = """haben habe hat haben; sein bin ist sind; können kann kann können;
-müssen muss muss müssen; dürfen darf darf dürfen; wollen will will wollen;
-wissen weiß weiß wissen"""
 
 _Noun = namedtuple("_Noun", "en en_pl de gender de_pl weak animate")
 _Verb = namedtuple("_Verb", "en en3 en_part en_prt de de3 de_part de_prt aux")
@@ -168,16 +65,16 @@ def _table(rows):
             for case, row in zip(("nom", "acc", "dat"), rows.split("/"), strict=True)}
 
 
-# Parsing the strings above is pure and takes about a millisecond.
-_ANIMATE_NOUNS = _nouns(_ANIMATE, True)
-_ALL_NOUNS = _ANIMATE_NOUNS + _nouns(_THINGS, False)
-_ADJS, _FREQS, _MANNERS = _entries(_ADJECTIVES), _entries(_FREQUENCY, "="), _entries(_MANNER, "=")
-_PREPS, _NUMS = _entries(_PREPOSITIONS, "="), _entries(_NUMBERS, "=")
-_VERBS = {"trans": _verbs(_TRANSITIVE), "ditrans": _verbs(_DITRANSITIVE),
-          "intrans": _verbs(_INTRANSITIVE), "report": _verbs(_REPORTING), "copula": (None,)}
-_TIMES = {tense: [(en, de.split()) for en, de, tenses in _entries(_TIME, "=") if tense in tenses]
+# Parsing the word lists is pure and takes about a millisecond.
+_ANIMATE_NOUNS = _nouns(lex.ANIMATE, True)
+_ALL_NOUNS = _ANIMATE_NOUNS + _nouns(lex.THINGS, False)
+_ADJS, _FREQS, _MANNERS = _entries(lex.ADJECTIVES), _entries(lex.FREQUENCY, "="), _entries(lex.MANNER, "=")
+_PREPS, _NUMS = _entries(lex.PREPOSITIONS, "="), _entries(lex.NUMBERS, "=")
+_VERBS = {"trans": _verbs(lex.TRANSITIVE), "ditrans": _verbs(lex.DITRANSITIVE),
+          "intrans": _verbs(lex.INTRANSITIVE), "report": _verbs(lex.REPORTING), "copula": (None,)}
+_TIMES = {tense: [(en, de.split()) for en, de, tenses in _entries(lex.TIME, "=") if tense in tenses]
           for tense in "pfm"}
-_IRREGULAR_FORMS = {verb: forms for verb, *forms in _entries(_IRREGULAR)}
+_IRREGULAR_FORMS = {verb: forms for verb, *forms in _entries(lex.IRREGULAR)}
 _DEFINITE = _table("der die das die / den die das die / dem der dem den")
 _STRONG = _table("er e es e / en e es e / em er em en")
 _WEAK = _table("e e e en / en e e en / en en en en")
@@ -214,7 +111,7 @@ def _noun_phrase(rng, case, nouns, negation=None):
     noun = _pick(rng, nouns)
     plural = rng.random() < 0.35
     gender = "p" if plural else noun.gender
-    _, kind, en_det, stem = _weighted(rng, _PL_DETS if plural else _SG_DETS)
+    _, kind, en_det, stem = _weighted(rng, lex.PL_DETS if plural else lex.SG_DETS)
     negated = False
     if negation and en_det == "no":
         kind, en_det, stem = "def", "the", ""
@@ -261,7 +158,7 @@ def _subject(rng, nouns, negation):
     """A nominative subject: a pronoun, a noun phrase or two coordinated ones."""
     r = rng.random()
     if r < 0.18:
-        en, de, person = _pick(rng, _PRONOUNS)
+        en, de, person = _pick(rng, lex.PRONOUNS)
         return _Phrase([en], [de], person, None, True, False)
     first = _noun_phrase(rng, "nom", nouns, negation)
     if r < 0.25:
@@ -392,7 +289,7 @@ def _clause(rng, depth, allow_front, antecedent=None):
     if kind in ("trans", "intrans", "ditrans") and rng.random() < 0.3:
         en_prep, de_prep, case = _pick(rng, _PREPS)
         pobj = _noun_phrase(rng, case, _ALL_NOUNS)
-        contracted = _CONTRACTIONS.get((de_prep, pobj.de[0]))
+        contracted = lex.CONTRACTIONS.get((de_prep, pobj.de[0]))
         en_post += [en_prep] + pobj.en
         mid += [contracted] + pobj.de[1:] if contracted else [de_prep] + pobj.de
         last_object = None
@@ -421,7 +318,7 @@ def _sentence(rng):
     shape = _weighted(rng, _SHAPES)[1]
     first = _clause(rng, 2 if rng.random() < 0.3 else 1, shape != "fronted")
     if shape == "fronted":
-        en_conj, de_conj = _pick(rng, _SUBORDINATORS)
+        en_conj, de_conj = _pick(rng, lex.SUBORDINATORS)
         main = _clause(rng, 1, False)
         # The fronted clause fills the prefield, so the main clause starts with its verb.
         en = [en_conj] + first.en + [","] + main.en
@@ -430,12 +327,12 @@ def _sentence(rng):
     else:
         en, de, closed = first.en, _order(first, "main"), bool(first.extra)
         if shape == "sub":
-            en_conj, de_conj = _pick(rng, _SUBORDINATORS)
+            en_conj, de_conj = _pick(rng, lex.SUBORDINATORS)
             sub = _clause(rng, 1, False)
             en, closed = en + [en_conj] + sub.en, True
             de = de + [",", de_conj] + _order(sub, "sub")
     if shape == "coord" or rng.random() < 0.1:
-        en_conj, de_conj, verb_first = _pick(rng, _COORDINATORS)
+        en_conj, de_conj, verb_first = _pick(rng, lex.COORDINATORS)
         nxt = _clause(rng, 1, not verb_first)
         # A subordinate or relative clause before "und" is closed by a comma.
         de = de + [","] * closed + de_conj + _order(nxt, "inverted" if verb_first else "main")

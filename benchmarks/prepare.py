@@ -1,0 +1,222 @@
+"""Throughput of `nmt prepare`'s Ray Data stages versus the same work in one process, on Multi30k.
+
+Prints one JSON object. Reads Multi30k with the shipped config (configs/multi30k_en_de.yaml),
+trains its tokenizer once (untimed), then times, on the same tables and tokenizer:
+
+- ray: pipeline.data._prepare_splits (clean + encode in EncodeBatch actors, length filters,
+  statistics, Parquet shards) on a Ray instance that is already started;
+- single_process: the same clean_batch, EncodeBatch and filters called on the driver in batches
+  of 4096 rows, then the same statistics and Parquet written with pyarrow;
+- encode: EncodeBatch.__call__ alone, in rows (sentence pairs) per CPU-second; SentencePiece
+  encodes a list on all cores, so CPU time rather than wall time gives the per-core figure.
+
+Multi30k's 29k pairs are small next to Ray's fixed cost per execution, so the training split is
+also repeated --repeat times to see the throughput where parallelism can pay off:
+
+    python benchmarks/prepare.py                                    # ../shared/data/multi30k
+    python benchmarks/prepare.py --data-dir /data/multi30k --repeat 16 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+from pipeline.config import load_config  # noqa: E402
+from pipeline.corpus import read_corpus  # noqa: E402
+from pipeline.data import EncodeBatch, _prepare_splits, _tokenizer_sample  # noqa: E402
+from pipeline.tokenizer import train_tokenizer  # noqa: E402
+
+BATCH_SIZE = 4096  # the batch size _prepare_splits gives map_batches
+TARGET_SPEEDUP, TARGET_ENCODE_PER_CORE = 1.5, 50_000
+
+
+def default_data_dir() -> Path:
+    """$NMT_MULTI30K_DIR when set, else the shared copy next to the repository."""
+    return Path(os.environ.get("NMT_MULTI30K_DIR", REPO_ROOT.parent / "shared" / "data" / "multi30k"))
+
+
+def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
+    """The splits with the training split concatenated `times` times (validation and test as read)."""
+    return {split: pa.concat_tables([t] * times) if split == "train" else t for split, t in tables.items()}
+
+
+def with_split_column(tables: dict[str, pa.Table]) -> pa.Table:
+    """All splits in one table with "split" and "row" (line in its split) columns, as _prepare_splits builds it."""
+    return pa.concat_tables(
+        t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
+         .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        for split, t in tables.items()
+    )
+
+
+def numpy_batches(table: pa.Table, size: int):
+    """Slices of `size` rows as dicts of NumPy arrays, the form map_batches(batch_format="numpy") gives."""
+    for start in range(0, table.num_rows, size):
+        chunk = table.slice(start, size)
+        yield {name: chunk.column(name).to_numpy(zero_copy_only=False) for name in chunk.column_names}
+
+
+def split_entries(stats: pa.Table) -> dict[str, dict]:
+    """Per split: pairs kept, drops per rule and token statistics, as the manifest records them."""
+    entries = {}
+    for split in pc.unique(stats["split"]).to_pylist():
+        mine = stats.filter(pc.equal(stats["split"], split))
+        drops = mine["drop"].to_numpy(zero_copy_only=False)
+        keep = drops == ""
+        src_len, tgt_len = mine["src_len"].to_numpy()[keep], mine["tgt_len"].to_numpy()[keep]
+        entries[split] = {
+            "pairs": int(keep.sum()), "dropped": {rule: int((drops == rule).sum()) for rule in set(drops) - {""}},
+            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
+            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
+            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
+        }
+    return entries
+
+
+def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) -> dict[str, int]:
+    """Clean, encode, filter, count and write every split on the driver; returns pairs kept per split."""
+    encoded = pa.concat_tables(pa.table(encoder(batch))
+                               for batch in numpy_batches(with_split_column(tables), BATCH_SIZE))
+    entries = split_entries(encoded.select(["split", "drop", "src_len", "tgt_len"]))
+    kept = encoded.filter(pc.equal(encoded["drop"], "")).drop_columns(["drop"])
+    for split in tables:
+        rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split"])
+        os.makedirs(os.path.join(out, split))
+        pq.write_table(rows, os.path.join(out, split, "part-00000.parquet"))
+    return {split: entry["pairs"] for split, entry in entries.items()}
+
+
+def encode_only(tables: dict[str, pa.Table], encoder: EncodeBatch) -> dict:
+    """EncodeBatch.__call__ alone on ready-made batches: wall and CPU seconds, rows per CPU-second."""
+    batches = list(numpy_batches(with_split_column(tables), BATCH_SIZE))
+    rows = sum(len(b["src"]) for b in batches)
+    wall, cpu = time.perf_counter(), time.process_time()  # process_time counts SentencePiece's threads too
+    for batch in batches:
+        encoder(batch)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"rows": rows, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "rows_per_s": round(rows / wall), "rows_per_s_per_core": round(rows / cpu)}
+
+
+def written_pairs(out: Path, splits) -> dict[str, int]:
+    """Rows in each split's Parquet files, to check that both paths wrote the same data."""
+    return {split: sum(pq.read_metadata(f).num_rows for f in (out / split).glob("*.parquet")) for split in splits}
+
+
+def timed(fn, args: tuple, tables: dict[str, pa.Table], runs: int) -> tuple[list[float], dict[str, int]]:
+    """Seconds of each of `runs` calls of fn(*args, out) into a fresh directory, and the pairs written."""
+    seconds = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+            out = Path(tmp) / "out"
+            start = time.perf_counter()
+            fn(*args, str(out))
+            seconds.append(time.perf_counter() - start)
+            pairs = written_pairs(out, tables)
+    return seconds, pairs
+
+
+def summary(rows: int, seconds: list[float]) -> dict:
+    """Rows, seconds of the first run (what one `nmt prepare` pays) and of the best, and rows/s."""
+    best = min(seconds)
+    return {"rows": rows, "seconds": [round(s, 3) for s in seconds], "first_s": round(seconds[0], 3),
+            "best_s": round(best, 3), "rows_per_s": round(rows / best),
+            "first_rows_per_s": round(rows / seconds[0])}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data-dir", type=Path, default=default_data_dir(),
+        help="folder with the Multi30k text files (default: $NMT_MULTI30K_DIR or ../shared/data/multi30k)",
+    )
+    parser.add_argument("--repeat", type=int, default=8,
+                        help="times the training split is repeated for the larger measurement (1: Multi30k only)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="timed runs per path and size; the first (cold for Ray) and the best are reported")
+    args = parser.parse_args(argv)
+    if args.repeat < 1 or args.runs < 1:
+        parser.error("--repeat and --runs must be at least 1")
+    if not (args.data_dir / "train.en").is_file():
+        raise SystemExit(f"Multi30k not found at {args.data_dir}; pass --data-dir or set NMT_MULTI30K_DIR")
+
+    cfg = load_config(REPO_ROOT / "configs" / "multi30k_en_de.yaml",
+                      [f"data.path={args.data_dir.resolve()}"]).data
+    if cfg.dedup:
+        raise SystemExit("the single-process path has no dedup; benchmark with data.dedup false")
+    tables = read_corpus(cfg)
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(*_tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+                                vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
+                                joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
+    tokenizer_s = time.perf_counter() - start
+    encoder = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
+    sizes = sorted({1, args.repeat})
+
+    # The in-process measurements go first, before Ray's processes share the cores.
+    encode = encode_only(repeated(tables, sizes[-1]), encoder)
+    local = {times: timed(single_process, (repeated(tables, times), encoder), tables, args.runs)
+             for times in sizes}
+
+    import ray
+
+    cpus = os.cpu_count() or 1
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    @ray.remote(num_cpus=1)
+    def ready():
+        return os.getpid()
+
+    ray.get([ready.remote() for _ in range(cpus)])  # worker processes are up: start-up is not timed
+    distributed = {times: timed(_prepare_splits, (repeated(tables, times), tokenizer, cfg), tables, args.runs)
+                   for times in sizes}
+    ray.shutdown()
+
+    results = {}
+    for times in sizes:
+        rows = sum(t.num_rows for t in repeated(tables, times).values())
+        (ray_s, ray_pairs), (local_s, local_pairs) = distributed[times], local[times]
+        if ray_pairs != local_pairs:
+            raise SystemExit(f"the two paths wrote different data: ray {ray_pairs}, single process {local_pairs}")
+        ray_sum, local_sum = summary(rows, ray_s), summary(rows, local_s)
+        results[f"repeat_{times}"] = {
+            "train_rows": repeated(tables, times)["train"].num_rows, "rows": rows, "pairs_written": ray_pairs,
+            "ray": ray_sum, "single_process": local_sum,
+            "speedup": round(local_sum["best_s"] / ray_sum["best_s"], 3),
+            "speedup_first_run": round(local_sum["first_s"] / ray_sum["first_s"], 3),
+        }
+    largest = results[f"repeat_{sizes[-1]}"]
+    print(json.dumps({
+        "benchmark": "prepare",
+        "corpus": f"multi30k {cfg.src_lang}-{cfg.tgt_lang} (train, validation, test)",
+        "rows_mean": "sentence pairs", "batch_size": BATCH_SIZE, "runs": args.runs,
+        "cpu_count": cpus, "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
+        **results,
+        "encode": encode,
+        "targets": {
+            "ray_speedup_min": TARGET_SPEEDUP, "ray_speedup": largest["speedup"],
+            "ray_speedup_met": largest["speedup"] >= TARGET_SPEEDUP,
+            "encode_rows_per_s_per_core_min": TARGET_ENCODE_PER_CORE,
+            "encode_rows_per_s_per_core": encode["rows_per_s_per_core"],
+            "encode_met": encode["rows_per_s_per_core"] >= TARGET_ENCODE_PER_CORE,
+        },
+    }))
+
+
+if __name__ == "__main__":
+    main()
