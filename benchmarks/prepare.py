@@ -159,6 +159,7 @@ def main(argv=None):
     if cfg.dedup:
         raise SystemExit("the single-process path has no dedup; benchmark with data.dedup false")
     tables = read_corpus(cfg)
+    load_before = os.getloadavg()[0]  # other work on the machine skews both paths, Ray's more
     start = time.perf_counter()
     tokenizer = train_tokenizer(*_tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
@@ -206,6 +207,7 @@ def main(argv=None):
         "corpus": f"multi30k {cfg.src_lang}-{cfg.tgt_lang} (train, validation, test)",
         "rows_mean": "sentence pairs", "batch_size": BATCH_SIZE, "runs": args.runs,
         "cpu_count": cpus, "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
+        "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
         **results,
         "encode": encode,
         "targets": {

@@ -236,7 +236,10 @@ def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[st
     config = Config()
     if not isinstance(tree, dict):
         raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    sections = [f.name for f in dataclasses.fields(Config)]
     for section, values in tree.items():
+        if section not in sections:
+            raise ConfigError(f"{_at(where, lines, section)}: unknown section {section!r}{_suggest(section, sections)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{_at(where, lines, section)}: section {section!r} must be a mapping")
         for key, value in values.items():

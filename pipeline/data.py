@@ -220,7 +220,9 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
     import ray
     from ray.data.expressions import col
 
-    ray.data.DataContext.get_current().execution_options.preserve_order = True  # reproducible shards
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # reproducible shards
+    context.enable_progress_bars = sys.stderr.isatty()  # bars in a terminal; in logs, our own lines
     # "row" is the pair's line in its split: workers sort their shard by it, so a shard's
     # order (and so training) does not depend on how Ray Data scheduled the blocks.
     table = pa.concat_tables(

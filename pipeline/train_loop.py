@@ -266,8 +266,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                     progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
                     if ctx.is_main:
                         _say(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                              f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}",
-                              file=sys.stderr, flush=True)
+                              f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
                     trainer.report(metrics)
                 else:
                     ctx.report(metrics)
@@ -275,3 +274,26 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0
     trainer.average_and_report(best)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The same loop without Ray: `torchrun --nproc-per-node N -m pipeline.train_loop --config F --data DIR`."""
+    import argparse
+    import os
+
+    from .config import load_config
+    from .distributed import TorchrunContext
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.train_loop", description=main.__doc__)
+    parser.add_argument("--config", help="experiment YAML file")
+    parser.add_argument("--data", required=True, help="a prepared dataset directory (from nmt prepare)")
+    parser.add_argument("--checkpoints", help="checkpoint directory (default: <storage_path>/<run_name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    root = args.checkpoints or os.path.join(cfg.train.storage_path, cfg.train.run_name or "torchrun")
+    train_loop({"config": cfg.to_dict(), "data_path": args.data}, TorchrunContext(root))
+
+
+if __name__ == "__main__":
+    main()

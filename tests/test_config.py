@@ -1,0 +1,62 @@
+"""The config tree: defaults, then YAML, then --set; unknown keys and wrong types name the key and line."""
+
+import pytest
+
+from pipeline.config import Config, ConfigError, config_from_dict, load_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_precedence_is_defaults_then_file_then_overrides(tmp_path):
+    path = write(tmp_path, "train:\n  epochs: 7\n  warmup_steps: 100\nmodel:\n  preset: base\n")
+    cfg = load_config(path, ["train.epochs=3", "data.splits={train: a, validation: b}"])
+    assert cfg.train.epochs == 3  # --set beats the file
+    assert cfg.train.warmup_steps == 100  # the file beats the default
+    assert cfg.train.max_tokens == Config().train.max_tokens  # untouched default
+    assert cfg.model.preset == "base" and cfg.data.splits == {"train": "a", "validation": "b"}
+    assert cfg.train.lr_scale == 1.0 and isinstance(load_config(None, ["train.lr_scale=2"]).train.lr_scale, float)
+
+
+def test_a_worker_rebuilds_the_same_config_from_its_plain_dict(tmp_path):
+    cfg = load_config(None, ["model.num_heads=8", "train.use_gpu=true", "tracking.experiment=x"])
+    assert config_from_dict(cfg.to_dict()) == cfg
+    assert cfg.flat()["model.num_heads"] == 8 and cfg.flat()["train.use_gpu"] is True
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  epochs: 3\n  warmup_stpes: 10\n", r"exp\.yaml:3: unknown key 'train\.warmup_stpes'; "
+                                                    r"did you mean 'train\.warmup_steps'\?"),
+        ("trian:\n  epochs: 3\n", r"exp\.yaml:1: unknown section 'trian'; did you mean 'train'\?"),
+        ("train:\n  epochs: three\n", r"exp\.yaml:2: train\.epochs must be of type int, got 'three'"),
+        ("train:\n  use_gpu: 1\n", r"train\.use_gpu must be of type bool"),
+        ("train:\n  epochs: 0\n", r"train\.epochs must be positive"),
+        ("data:\n  source: web\n", r"data\.source must be one of \['demo', 'files', 'hf'\]"),
+        ("train: [1, 2]\n", r"section 'train' must be a mapping"),
+        ("train:\n  epochs: [\n", r"exp\.yaml:\d+: invalid YAML"),
+    ],
+)
+def test_bad_config_files_name_the_file_line_and_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_bad_overrides_name_the_override():
+    with pytest.raises(ConfigError, match=r"--set train\.epoch=3: unknown key 'train\.epoch'"):
+        load_config(None, ["train.epoch=3"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(None, ["train.epochs"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/no/such/file.yaml")
+
+
+def test_impossible_model_settings_are_caught_when_the_model_config_is_built():
+    cfg = load_config(None, ["model.d_model=100", "model.num_heads=8"])
+    with pytest.raises(ConfigError, match="d_model .* must be divisible by num_heads"):
+        cfg.transformer_config(vocab_size=1000)
+    assert load_config(None, ["model.num_layers=3"]).transformer_config(1000).num_decoder_layers == 3

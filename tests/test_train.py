@@ -1,0 +1,118 @@
+"""Training: end to end on Ray Train with MLflow, exact resume, a killed worker, clear capacity errors."""
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from pipeline import checkpoint
+from pipeline.config import load_config
+from pipeline.data import prepare
+from pipeline.distributed import TorchrunContext
+from pipeline.errors import UserError
+from pipeline.train import train
+from pipeline.train_loop import train_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = [
+    "data.demo_sizes={train: 3000, validation: 100, test: 100}", "data.vocab_size=600",
+    "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1",
+    "train.num_workers=1", "train.max_tokens=2048", "train.warmup_steps=50", "train.beam_size=2",
+    "train.log_every=5", "train.resource_wait_s=2",
+]
+
+
+def small_config(tmp_path, *extra):
+    return load_config(ROOT / "configs" / "demo.yaml",
+                       [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", *extra])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("train")
+
+
+def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(ray_session, workdir):
+    cfg = small_config(workdir, "train.epochs=2", "train.average_last=2")
+    outcome = train(cfg)
+    assert outcome.checkpoint_path and Path(outcome.checkpoint_path, checkpoint.MODEL_FILE).is_file()
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    run = client.get_run(outcome.run_id)
+    assert run.info.status == "FINISHED"
+    assert {"train_loss", "val_loss", "val_bleu", "val_chrf", "lr", "tokens_per_s", "epoch"} <= set(run.data.metrics)
+    assert run.data.params["model.d_model"] == "64" and run.data.tags["data_manifest"]
+    losses = [m.value for m in client.get_metric_history(outcome.run_id, "train_loss")]
+    assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns
+    artifacts = {a.path for a in client.list_artifacts(outcome.run_id)}
+    assert {"config.resolved.yaml", "manifest.json", "tokenizer", "demo.yaml"} - {"demo.yaml"} <= artifacts
+    # The same command again finds the finished run: no new training, no second MLflow run.
+    again = train(cfg)
+    assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+
+
+class StopAfter(TorchrunContext):
+    """A plain-process context that stops the run (like a SIGINT) after a number of checkpoints."""
+
+    def __init__(self, root, stop_after=None):
+        super().__init__(str(root))
+        self.stop_after, self.checkpoints = stop_after, 0
+
+    def report(self, metrics, checkpoint_dir=None):
+        super().report(metrics, checkpoint_dir)
+        self.checkpoints += checkpoint_dir is not None
+        if self.stop_after is not None and self.checkpoints >= self.stop_after:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
+    cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
+                       "model.dropout=0.1")
+    manifest = prepare(cfg.data)
+    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
+    train_loop(loop_config, StopAfter(tmp_path / "straight"))
+    with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, after the second validation
+        train_loop(loop_config, StopAfter(tmp_path / "resumed", stop_after=2))
+    train_loop(loop_config, StopAfter(tmp_path / "resumed"))
+    straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
+    resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])
+    assert straight["progress"]["step"] == resumed["progress"]["step"] > 14
+    for name, tensor in straight["model"].items():
+        assert torch.allclose(tensor, resumed["model"][name], atol=1e-6, rtol=0), name
+
+
+def _kill_worker_when_checkpointed(storage: Path, killed: list, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if list(storage.glob("*/checkpoint_*")):
+            for proc in psutil.process_iter(["cmdline"]):
+                if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
+                    proc.kill()  # SIGKILL: no chance to clean up
+                    killed.append(proc.pid)
+                    return
+        time.sleep(0.5)
+
+
+def test_a_worker_killed_with_sigkill_restarts_from_its_checkpoint(ray_session, tmp_path):
+    cfg = small_config(tmp_path, "train.epochs=3", "train.max_failures=1", "train.average_last=1")
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_worker_when_checkpointed, args=(tmp_path / "runs", killed))
+    killer.start()
+    outcome = train(cfg)
+    killer.join()
+    assert killed, "no training worker was found to kill"
+    assert outcome.metrics["epoch"] == 2 and outcome.metrics["val_bleu"] >= 0
+    steps = [m.step for m in MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")]
+    assert steps == sorted(set(steps)) and len(steps) == 3  # one validation per epoch, none repeated
+
+
+def test_more_workers_than_the_cluster_has_is_a_clear_error(ray_session, tmp_path):
+    cfg = small_config(tmp_path, "train.num_workers=8")
+    with pytest.raises(UserError, match=r"cannot fit 8 training workers x 1 CPU: it has 2 CPUs"):
+        train(cfg)
