@@ -171,7 +171,12 @@ class Trainer:
         for part in all_gather_objects(texts):
             texts.update(part)
         scores = score([texts[i] for i in range(len(self.val_refs))], self.val_refs)
-        return {"val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
+        # DDP keeps replicas identical; if they ever differ, every later number is meaningless.
+        checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+        checksums = all_gather_objects(checksum)
+        if max(checksums) != min(checksums):
+            raise RuntimeError(f"data-parallel ranks diverged: parameter checksums {checksums}")
+        return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
                 "val_bleu": scores["bleu"], "val_chrf": scores["chrf"]}
 
     def report(self, metrics: dict, keep_snapshot: bool = True) -> None:

@@ -90,7 +90,7 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
 def _kill_worker_when_checkpointed(storage: Path, killed: list, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if list(storage.glob("*/checkpoint_*")):
+        if len(list(storage.glob("*/checkpoint_*"))) >= 2:  # the first one is registered by now
             for proc in psutil.process_iter(["cmdline"]):
                 if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
                     proc.kill()  # SIGKILL: no chance to clean up
@@ -100,16 +100,19 @@ def _kill_worker_when_checkpointed(storage: Path, killed: list, timeout_s: float
 
 
 def test_a_worker_killed_with_sigkill_restarts_from_its_checkpoint(ray_session, tmp_path):
-    cfg = small_config(tmp_path, "train.epochs=3", "train.max_failures=1", "train.average_last=1")
+    cfg = small_config(tmp_path, "train.epochs=2", "train.max_failures=1", "train.average_last=1",
+                       "train.val_interval=6", "data.demo_sizes={train: 1500, validation: 40, test: 40}")
     killed: list[int] = []
     killer = threading.Thread(target=_kill_worker_when_checkpointed, args=(tmp_path / "runs", killed))
     killer.start()
     outcome = train(cfg)
     killer.join()
     assert killed, "no training worker was found to kill"
-    assert outcome.metrics["epoch"] == 2 and outcome.metrics["val_bleu"] >= 0
-    steps = [m.step for m in MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")]
-    assert steps == sorted(set(steps)) and len(steps) == 3  # one validation per epoch, none repeated
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    steps = [m.step for m in client.get_metric_history(outcome.run_id, "val_loss")]
+    # Every validation logged once: the restart went on from a checkpoint, not from scratch.
+    assert len(steps) >= 3 and len(steps) == len(set(steps))
+    assert max(m.value for m in client.get_metric_history(outcome.run_id, "epoch")) == 1
 
 
 def test_more_workers_than_the_cluster_has_is_a_clear_error(ray_session, tmp_path):
