@@ -117,25 +117,24 @@ def written_pairs(out: Path, splits) -> dict[str, int]:
     return {split: sum(pq.read_metadata(f).num_rows for f in (out / split).glob("*.parquet")) for split in splits}
 
 
-def timed(fn, args: tuple, tables: dict[str, pa.Table], runs: int) -> tuple[list[float], dict[str, int]]:
-    """Seconds of each of `runs` calls of fn(*args, out) into a fresh directory, and the pairs written."""
-    seconds = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
-            out = Path(tmp) / "out"
-            start = time.perf_counter()
-            fn(*args, str(out))
-            seconds.append(time.perf_counter() - start)
-            pairs = written_pairs(out, tables)
-    return seconds, pairs
+def timed(fn, args: tuple, tables: dict[str, pa.Table]) -> tuple[float, float, dict[str, int]]:
+    """Wall and this process's CPU seconds of fn(*args, out) into a fresh directory, and the pairs written."""
+    with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+        out = Path(tmp) / "out"
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn(*args, str(out))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return wall, cpu, written_pairs(out, tables)
 
 
-def summary(rows: int, seconds: list[float]) -> dict:
-    """Rows, seconds of the first run (what one `nmt prepare` pays) and of the best, and rows/s."""
+def summary(rows: int, runs: list[tuple[float, float, dict]]) -> dict:
+    """Rows, seconds of every run, of the first (what one `nmt prepare` pays) and of the best, and rows/s."""
+    seconds = [wall for wall, _, _ in runs]
     best = min(seconds)
     return {"rows": rows, "seconds": [round(s, 3) for s in seconds], "first_s": round(seconds[0], 3),
             "best_s": round(best, 3), "rows_per_s": round(rows / best),
-            "first_rows_per_s": round(rows / seconds[0])}
+            "first_rows_per_s": round(rows / seconds[0]),
+            "driver_cpu_s": [round(cpu, 3) for _, cpu, _ in runs]}
 
 
 def main(argv=None):
@@ -168,10 +167,8 @@ def main(argv=None):
     encoder = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
     sizes = sorted({1, args.repeat})
 
-    # The in-process measurements go first, before Ray's processes share the cores.
+    # Encoding alone goes first, before Ray's processes share the cores.
     encode = encode_only(repeated(tables, sizes[-1]), encoder)
-    local = {times: timed(single_process, (repeated(tables, times), encoder), tables, args.runs)
-             for times in sizes}
 
     import ray
 
@@ -184,17 +181,22 @@ def main(argv=None):
         return os.getpid()
 
     ray.get([ready.remote() for _ in range(cpus)])  # worker processes are up: start-up is not timed
-    distributed = {times: timed(_prepare_splits, (repeated(tables, times), tokenizer, cfg), tables, args.runs)
-                   for times in sizes}
+    local, distributed = {}, {}
+    for times in sizes:
+        data = repeated(tables, times)
+        local[times], distributed[times] = [], []
+        for _ in range(args.runs):  # alternate, so that other load on the machine hits both paths alike
+            local[times].append(timed(single_process, (data, encoder), tables))
+            distributed[times].append(timed(_prepare_splits, (data, tokenizer, cfg), tables))
     ray.shutdown()
 
     results = {}
     for times in sizes:
         rows = sum(t.num_rows for t in repeated(tables, times).values())
-        (ray_s, ray_pairs), (local_s, local_pairs) = distributed[times], local[times]
+        ray_pairs, local_pairs = distributed[times][-1][2], local[times][-1][2]
         if ray_pairs != local_pairs:
             raise SystemExit(f"the two paths wrote different data: ray {ray_pairs}, single process {local_pairs}")
-        ray_sum, local_sum = summary(rows, ray_s), summary(rows, local_s)
+        ray_sum, local_sum = summary(rows, distributed[times]), summary(rows, local[times])
         results[f"repeat_{times}"] = {
             "train_rows": repeated(tables, times)["train"].num_rows, "rows": rows, "pairs_written": ray_pairs,
             "ray": ray_sum, "single_process": local_sum,
@@ -205,8 +207,9 @@ def main(argv=None):
     print(json.dumps({
         "benchmark": "prepare",
         "corpus": f"multi30k {cfg.src_lang}-{cfg.tgt_lang} (train, validation, test)",
-        "rows_mean": "sentence pairs", "batch_size": BATCH_SIZE, "runs": args.runs,
-        "cpu_count": cpus, "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
+        "row": "one sentence pair", "batch_size": BATCH_SIZE, "runs": args.runs, "cpu_count": cpus,
+        "sentencepiece_threads": cpus,  # it encodes a list on every core unless told otherwise
+        "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
         "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
         **results,
         "encode": encode,

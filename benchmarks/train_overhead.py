@@ -46,6 +46,15 @@ THREADS = 1  # what Ray gives a worker with cpus_per_worker=1; the bare process 
 LOG_EVERY = 10
 
 
+def cpu_jiffies() -> list[int]:
+    """[busy, total] jiffies of all CPUs so far, whoever ran (Linux; zeros elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return [0, 0]
+    return [sum(fields) - fields[3] - fields[4], sum(fields)]  # idle and iowait are not busy
+
+
 class CapturingContext(TorchrunContext):
     """TorchrunContext that also keeps every report's metrics and when it arrived."""
 
@@ -55,7 +64,7 @@ class CapturingContext(TorchrunContext):
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         """Record, then report as torchrun would."""
-        self.reports.append({**metrics, "t": time.perf_counter()})
+        self.reports.append({**metrics, "t": time.perf_counter(), "cpu": cpu_jiffies()})
         super().report(metrics, checkpoint_dir)
 
 
@@ -66,10 +75,10 @@ class ReportLog(UserCallback):
         self.path = path
 
     def after_report(self, run_context, metrics, checkpoint):
-        """Runs on the controller, so the driver can only see the metrics through the file."""
+        """Runs on the controller (same machine here), so the driver sees the metrics through a file."""
         if metrics:
             with open(self.path, "a") as f:
-                f.write(json.dumps({**metrics[0], "t": time.time()}) + "\n")
+                f.write(json.dumps({**metrics[0], "t": time.time(), "cpu": cpu_jiffies()}) + "\n")
 
 
 def bench_config(steps: int, num_workers: int, data_dir: str):
@@ -88,12 +97,16 @@ def summary(reports: list[dict], wall_s: float, num_workers: int) -> dict:
         raise SystemExit(f"only {len(reports)} reports; raise --steps to at least {3 * LOG_EVERY}")
     rates = [r["tokens_per_s"] for r in reports[1:]]
     median = statistics.median(rates)
+    # Cores the whole machine kept busy over the measured windows: the loop's own 1 (or 2)
+    # plus whatever Ray's controller, actors and daemons took from the other core.
+    busy, total = (b - a for a, b in zip(reports[0]["cpu"], reports[-1]["cpu"]))
     return {"workers": num_workers, "tokens_per_s": round(median),
             "tokens_per_s_per_worker": round(median / num_workers),
             "tokens_per_s_mean": round(statistics.fmean(rates)),
             "windows_tokens_per_s": [round(r) for r in rates], "reports": len(reports),
             "steps": reports[-1]["step"], "final_train_loss": round(reports[-1]["train_loss"], 6),
-            "wall_s": round(wall_s, 2)}
+            "wall_s": round(wall_s, 2),
+            "machine_busy_cores": round((os.cpu_count() or 1) * busy / total, 2) if total else None}
 
 
 def run_bare(cfg, data_path: str, threads: int) -> dict:
@@ -129,10 +142,11 @@ def run_ray(cfg, manifest, storage: str) -> dict:
 
 def machine() -> dict:
     """CPU model, core count, OS and library versions."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
     import ray
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
+                 platform.processor())
     return {"cpu": model, "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__}
 
@@ -162,11 +176,8 @@ def main(argv=None):
             return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()}
 
         ray_worker_threads = ray.get(worker_threads.remote())
-        runs = {
-            "bare_default_threads": run_bare(bench_config(args.steps, 1, f"{tmp}/data"), manifest.path,
-                                             default_threads),
-            "bare": run_bare(bench_config(args.steps, 1, f"{tmp}/data"), manifest.path, THREADS),
-        }
+        runs = {"bare_default_threads": run_bare(cfg, manifest.path, default_threads),
+                "bare": run_bare(cfg, manifest.path, THREADS)}
         torch.set_num_threads(default_threads)
         for workers, name in ((1, "ray_1_worker"), (2, "ray_2_workers")):
             runs[name] = run_ray(bench_config(args.steps, workers, f"{tmp}/data"), manifest, f"{tmp}/runs")

@@ -93,7 +93,8 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     )
     # Materialized up front: training workers may hold every CPU of the cluster, and a lazy
     # read would then wait forever for a CPU to run its read tasks on.
-    datasets = {"train": ray.data.read_parquet(manifest.split_dir("train"), columns=TRAIN_COLUMNS).materialize()}
+    train_data = ray.data.read_parquet(manifest.split_dir("train")).select_columns(TRAIN_COLUMNS)
+    datasets = {"train": train_data.materialize()}
     return TorchTrainer(train_loop, train_loop_config={"config": cfg.to_dict(), "data_path": manifest.path},
                         scaling_config=scaling, run_config=run_config, datasets=datasets)
 

@@ -1,0 +1,51 @@
+"""`make bench`: run every benchmark script, collect their JSON in results.json and a markdown table."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["model_step.py", "batching.py", "prepare.py", "train_overhead.py"]
+
+
+def _table(results: dict[str, dict]) -> str:
+    """One section per benchmark: its headline numbers as key | value rows."""
+    lines = [f"Machine: {platform.machine()}, Python {platform.python_version()}", ""]
+    for name, result in results.items():
+        lines += [f"### {name}", "", "| measure | value |", "|---|---|"]
+        for key, value in result.items():
+            if not isinstance(value, (dict, list)):
+                lines.append(f"| {key} | {value} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Run the scripts one after another (they would disturb each other's timings in parallel)."""
+    results, failed = {}, []
+    for script in sys.argv[1:] or SCRIPTS:
+        print(f"[bench] {script} ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            failed.append(script)
+            print(proc.stderr[-2000:], file=sys.stderr)
+            continue
+        results[script.removesuffix(".py")] = json.loads(lines[-1])
+        print(f"[bench] {script} done in {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (HERE / "results.md").write_text(_table(results))
+    print(_table(results))
+    if failed:
+        print(f"[bench] failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
