@@ -9,19 +9,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
-                                 pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed loss, summed NLL and the number of non-pad target tokens (Sec. 5.4).
+def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, pad_id: int,
+                                 compute_nll: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Summed label-smoothed loss, summed NLL (None unless compute_nll) and the non-pad token count (Sec. 5.4).
 
     Sums rather than means so that data-parallel workers can add them up and divide by the
-    global token count: every token weighs the same whatever batch it fell in.
+    global token count: every token weighs the same whatever batch it fell in. The NLL is a
+    second pass over the vocabulary, so training steps skip it.
     """
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()
     flat_target = target.reshape(-1)
     loss = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id,
                            label_smoothing=epsilon, reduction="sum")
     with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum")
+        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum") \
+            if compute_nll else None
         num_tokens = (flat_target != pad_id).sum()
     return loss, nll, num_tokens
 

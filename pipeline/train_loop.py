@@ -129,7 +129,7 @@ class Trainer:
                                     enabled=self.amp_dtype is not None):
                     logits = self.ddp_model(src, tgt_in)
                 loss, _, count = label_smoothed_cross_entropy(logits, tgt_out, self.train_cfg.label_smoothing,
-                                                              self.model_cfg.pad_id)
+                                                              self.model_cfg.pad_id, compute_nll=False)
                 self.scaler.scale(loss).backward()
             loss_sum += loss.item()
             tokens += int(count)
@@ -138,9 +138,7 @@ class Trainer:
         # global batch weighs the same: grad = sum over all tokens / all tokens.
         self.scaler.unscale_(self.optimizer)
         factor = self.ctx.world_size / max(total_tokens, 1.0)
-        for param in self.model.parameters():
-            if param.grad is not None:
-                param.grad.mul_(factor)
+        torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], factor)
         if self.train_cfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
         self.scaler.step(self.optimizer)
@@ -263,7 +261,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                     _say(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
                          f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
                          f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")
-                window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+                window_loss, window_tokens = 0.0, 0
                 if due or progress.finished:
                     if end_of_epoch and not progress.finished:
                         progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
@@ -275,6 +273,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                     trainer.report(metrics)
                 else:
                     ctx.report(metrics)
+                window_start = time.perf_counter()  # throughput windows leave validation out
         if not progress.finished and progress.batch_in_epoch >= len(batches):
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0
