@@ -231,7 +231,10 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
         for split, t in tables.items()
     )
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = ray.data.from_arrow(table).repartition(max(num_cpus, table.num_rows // 50_000 + 1))
+    # Slices of the table become the blocks directly: a repartition would be an all-to-all shuffle.
+    num_blocks = max(num_cpus, table.num_rows // 50_000 + 1)
+    size = -(-table.num_rows // num_blocks)
+    ds = ray.data.from_arrow([table.slice(start, size) for start in range(0, table.num_rows, size)])
     ds = ds.map_batches(
         EncodeBatch, batch_format="numpy", batch_size=4096,
         fn_constructor_kwargs=dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto,
