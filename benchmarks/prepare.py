@@ -3,15 +3,16 @@
 Prints one JSON object. Reads Multi30k with the shipped config (configs/multi30k_en_de.yaml),
 trains its tokenizer once (untimed), then times, on the same tables and tokenizer:
 
-- ray: pipeline.data._prepare_splits (clean + encode in EncodeBatch actors, length filters,
-  statistics, Parquet shards) on a Ray instance that is already started;
+- ray: pipeline.data._prepare_splits (clean + encode with EncodeBatch in Ray Data workers, length
+  filters, statistics, Parquet shards) on a Ray instance that is already started;
 - single_process: the same clean_batch, EncodeBatch and filters called on the driver in batches
   of 4096 rows, then the same statistics and Parquet written with pyarrow;
 - encode: EncodeBatch.__call__ alone, in rows (sentence pairs) per CPU-second; SentencePiece
   encodes a list on all cores, so CPU time rather than wall time gives the per-core figure.
 
 Multi30k's 29k pairs are small next to Ray's fixed cost per execution, so the training split is
-also repeated --repeat times to see the throughput where parallelism can pay off:
+also repeated --repeat times to see the throughput where parallelism can pay off. The two paths
+alternate run by run, so that other load on the machine (reported as loadavg_1m) hits both:
 
     python benchmarks/prepare.py                                    # ../shared/data/multi30k
     python benchmarks/prepare.py --data-dir /data/multi30k --repeat 16 --runs 2

@@ -54,10 +54,12 @@ class EncodeBatch:
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None, max_len: int, max_ratio: float,
                  filter_split: str):
-        self.tokenizer = Tokenizer(src_proto, tgt_proto)
+        # One thread: Ray runs one encoder per CPU already, and SentencePiece's default (every
+        # core for each list) would oversubscribe the machine.
+        self.tokenizer = Tokenizer(src_proto, tgt_proto, num_threads=1)
         self.max_len, self.max_ratio, self.filter_split = max_len, max_ratio, filter_split
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         batch = {**batch, **clean_batch(batch)}
         src_ids = self.tokenizer.encode_src(batch["src"].tolist())
         tgt_ids = self.tokenizer.encode_tgt(batch["tgt"].tolist())
@@ -69,12 +71,14 @@ class EncodeBatch:
         drop[too_long] = "too_long"
         ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
         drop[candidates & ~too_long & (ratio > self.max_ratio)] = "ratio"
-        return {
+        # A Table, not a dict: Ray Data converts a dict's list<int32> columns element by element,
+        # which costs more than the encoding itself.
+        return pa.table({
             "split": batch["split"], "row": batch["row"], "src": batch["src"], "tgt": batch["tgt"], "drop": drop,
             "src_ids": pa.array(src_ids, type=pa.list_(pa.int32())),
             "tgt_ids": pa.array(tgt_ids, type=pa.list_(pa.int32())),
             "src_len": src_len, "tgt_len": tgt_len,
-        }
+        })
 
 
 @dataclass

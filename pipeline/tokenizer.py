@@ -20,8 +20,9 @@ JOINT_FILE, SRC_FILE, TGT_FILE = "spm.model", "spm.src.model", "spm.tgt.model"
 class Tokenizer:
     """Source and target SentencePiece models; one shared model when the vocabulary is joint."""
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None):
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, num_threads: int = -1):
         self.src_proto, self.tgt_proto = src_proto, tgt_proto
+        self.num_threads = num_threads  # threads per encode call; -1: SentencePiece's default (all cores)
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
         self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
 
@@ -42,11 +43,11 @@ class Tokenizer:
 
     def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
         """Source sentences to subword ids (no bos/eos)."""
-        return self.src.encode(list(texts), out_type=int)
+        return self.src.encode(list(texts), out_type=int, num_threads=self.num_threads)
 
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
         """Target sentences to subword ids (no bos/eos)."""
-        return self.tgt.encode(list(texts), out_type=int)
+        return self.tgt.encode(list(texts), out_type=int, num_threads=self.num_threads)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Target ids back to detokenized text."""
