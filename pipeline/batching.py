@@ -100,6 +100,14 @@ def _greedy_fill(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens
     return batches
 
 
+def _checked(src_lengths, tgt_lengths, max_tokens) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validated lengths and budget, with every example known to fit the budget alone."""
+    src, tgt = _as_lengths(src_lengths, tgt_lengths)
+    max_tokens = _check_int("max_tokens", max_tokens, 1)
+    _check_fits(src, tgt, max_tokens)
+    return src, tgt, max_tokens
+
+
 def _rng(seed, epoch) -> np.random.Generator:
     """The generator for one (seed, epoch): every epoch reshuffles, and reruns repeat exactly."""
     return np.random.default_rng([_check_int("seed", seed, 0), _check_int("epoch", epoch, 0)])
@@ -109,9 +117,7 @@ def token_budget_batches(
     src_lengths, tgt_lengths, max_tokens: int, seed: int = 0, epoch: int = 0
 ) -> list[np.ndarray]:
     """Length-homogeneous batches within `max_tokens`, in a shuffled order seeded by (seed, epoch)."""
-    src, tgt = _as_lengths(src_lengths, tgt_lengths)
-    max_tokens = _check_int("max_tokens", max_tokens, 1)
-    _check_fits(src, tgt, max_tokens)
+    src, tgt, max_tokens = _checked(src_lengths, tgt_lengths, max_tokens)
     rng = _rng(seed, epoch)
     # Sort by target length, then by source length, ascending for even target lengths and
     # descending for odd ones: a batch that straddles two target lengths then joins examples
@@ -133,9 +139,7 @@ def random_batches(
     src_lengths, tgt_lengths, max_tokens: int, seed: int = 0, epoch: int = 0
 ) -> list[np.ndarray]:
     """The baseline: examples in random order, cut greedily into batches within `max_tokens`."""
-    src, tgt = _as_lengths(src_lengths, tgt_lengths)
-    max_tokens = _check_int("max_tokens", max_tokens, 1)
-    _check_fits(src, tgt, max_tokens)
+    src, tgt, max_tokens = _checked(src_lengths, tgt_lengths, max_tokens)
     return _greedy_fill(_rng(seed, epoch).permutation(src.size), src, tgt, max_tokens)
 
 

@@ -206,11 +206,10 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
 
 
 def _save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
-    names = ["spm.model"] if tokenizer.joint else ["spm.src.model", "spm.tgt.model"]
-    protos = [tokenizer.src_proto] if tokenizer.joint else [tokenizer.src_proto, tokenizer.tgt_proto]
-    paths = [storage.join(directory, name) for name in names]
-    for path, proto in zip(paths, protos):
-        storage.write_bytes(path, proto)
+    paths = []
+    for name, proto in tokenizer.files().items():  # through storage: the directory may be a URI
+        paths.append(storage.join(directory, name))
+        storage.write_bytes(paths[-1], proto)
     return paths
 
 

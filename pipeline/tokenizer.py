@@ -60,13 +60,16 @@ class Tokenizer:
             digest.update(self.tgt_proto)
         return digest.hexdigest()
 
+    def files(self) -> dict[str, bytes]:
+        """File name -> serialized model: what save() writes and a prepared dataset ships."""
+        if self.joint:
+            return {JOINT_FILE: self.src_proto}
+        return {SRC_FILE: self.src_proto, TGT_FILE: self.tgt_proto}
+
     def save(self, directory: str | Path) -> list[Path]:
         """Write the model file(s) into directory; returns their paths."""
         directory = Path(directory)
-        if self.joint:
-            files = {JOINT_FILE: self.src_proto}
-        else:
-            files = {SRC_FILE: self.src_proto, TGT_FILE: self.tgt_proto}
+        files = self.files()
         for name, proto in files.items():
             (directory / name).write_bytes(proto)
         return [directory / name for name in files]

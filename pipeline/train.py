@@ -17,9 +17,8 @@ import yaml
 from . import tracking
 from .config import Config
 from .data import Manifest, prepare
+from .distributed import TRAIN_COLUMNS
 from .errors import UserError
-
-TRAIN_COLUMNS = ["row", "src_ids", "tgt_ids"]
 
 
 @dataclass
