@@ -86,6 +86,7 @@ class TrainConfig:
     update_freq: int = 1  # gradient accumulation
     epochs: int = 10
     max_steps: int = 0  # 0: no limit besides epochs
+    time_budget_s: float = 0.0  # stop (validate, average, finish) after this much training time; 0: none
     warmup_steps: int = 4000
     lr_scale: float = 1.0
     label_smoothing: float = 0.1
@@ -200,7 +201,7 @@ POSITIVE = {
     "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
 }
 NON_NEGATIVE = {
-    "data.num_shards", "data.seed", "train.max_steps", "train.clip_norm", "train.val_interval",
+    "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "tune.max_concurrent_trials",
     "serve.batch_wait_timeout_s",
 }

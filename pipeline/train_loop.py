@@ -26,7 +26,8 @@ from .batching import collate, equalize_batch_count, token_budget_batches
 from .config import Config, config_from_dict
 from .data import load_manifest
 from .distributed import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
-from .evaluate import score, translate_ids
+from .evaluate import score
+from .translator import translate_ids
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Progress:
     epoch: int = 0
     batch_in_epoch: int = 0  # batches of the current epoch already consumed
     finished: bool = False
+    train_seconds: float = 0.0  # wall-clock time spent training so far, across restarts
     history: list[dict] = field(default_factory=list)  # validation metrics so far
 
 
@@ -194,19 +196,18 @@ class Trainer:
         self.ctx.report(metrics, directory)
 
     def average_and_report(self, best_bleu: float) -> None:
-        """Evaluate the average of the last checkpoints (Sec. 6.1) and report it if it beats the best."""
+        """Evaluate the average of the last checkpoints (Sec. 6.1) and report it as a checkpoint of its own.
+
+        Checkpoints are kept by val_bleu, so the average becomes the run's best only if it wins.
+        """
         if len(self.snapshots) < 2:
             return
-        final_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(average_checkpoints(self.snapshots))
         metrics = {**self.validate(), "averaged": len(self.snapshots)}
         if self.ctx.is_main:
             _say(f"average of the last {len(self.snapshots)} checkpoints: val_bleu "
-                  f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
-        if metrics["val_bleu"] > best_bleu:
-            self.report({**self._base_metrics(), **metrics}, keep_snapshot=False)
-        else:
-            self.model.load_state_dict(final_weights)
+                 f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
+        self.report({**self._base_metrics(), **metrics}, keep_snapshot=False)
 
     def _base_metrics(self) -> dict:
         return {"step": self.progress.step, "epoch": self.progress.epoch,
@@ -239,6 +240,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
         batches = trainer.epoch_batches(progress.epoch)
         total = total or trainer.total_steps(len(batches))
         run_start_step, run_start = progress.step, time.perf_counter()
+        seconds_before = progress.train_seconds
         position = progress.batch_in_epoch
         while position < len(batches) and not progress.finished:
             group = batches[position: position + train_cfg.update_freq]
@@ -248,6 +250,11 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
             window_loss, window_tokens = window_loss + loss_sum, window_tokens + tokens
             end_of_epoch = position >= len(batches)
             out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
+            progress.train_seconds = seconds_before + time.perf_counter() - run_start
+            if train_cfg.time_budget_s and progress.step % log_every == 0:
+                # Every rank must stop at the same step, or the next all-reduce hangs: agree on it.
+                out_of_steps |= bool(all_reduce_max(int(progress.train_seconds >= train_cfg.time_budget_s),
+                                                    trainer.ctx.device))
             if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
                 progress.finished = True
             due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
@@ -255,9 +262,13 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 elapsed = time.perf_counter() - window_start
                 rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
                 metrics = {"train_loss": window_loss / max(window_tokens, 1),
-                           "tokens_per_s": window_tokens / elapsed, **trainer._base_metrics()}
+                           "tokens_per_s": window_tokens / elapsed, "train_seconds": progress.train_seconds,
+                           **trainer._base_metrics()}
                 if ctx.is_main:
-                    eta = _eta((total - progress.step) / max(rate, 1e-9))
+                    remaining = (total - progress.step) / max(rate, 1e-9)
+                    if train_cfg.time_budget_s:
+                        remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
+                    eta = _eta(max(remaining, 0.0))
                     _say(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
                          f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
                          f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")

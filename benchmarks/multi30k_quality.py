@@ -1,0 +1,126 @@
+"""Translation quality on Multi30k en->de: train within a wall-clock budget, score the final and averaged models.
+
+    python benchmarks/multi30k_quality.py --budget-min 90 [--data-dir DIR] [--set key=value ...]
+
+Trains configs/multi30k_en_de.yaml with `nmt train`'s code path (Ray Train, MLflow), then
+translates test_2016_flickr with the last checkpoint and with the average of the last
+train.average_last checkpoints, and prints JSON: cased detokenized sacreBLEU, chrF,
+lowercased tokenized BLEU (as published Multi30k results are scored), training time,
+tokens/s and the parameter count. Writes the learning curve to --plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import checkpoint, tracking  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from pipeline.evaluate import score_with_signatures  # noqa: E402
+from pipeline.train import train  # noqa: E402
+from pipeline.translator import Translator  # noqa: E402
+
+
+def _checkpoints(run_dir: Path) -> list[dict]:
+    """Every kept checkpoint of the run: its directory and the metrics it was reported with."""
+    found = []
+    for model_file in run_dir.glob("checkpoint_*/model.pt"):
+        state = checkpoint.load(model_file.parent)
+        found.append({"path": str(model_file.parent), **state["metrics"]})
+    return sorted(found, key=lambda c: (c["step"], "averaged" in c))
+
+
+def _test_scores(path: str, manifest, beam: int, alpha: float) -> dict:
+    test = pq.read_table(manifest.split_dir("test"), columns=["row", "src", "tgt"]).sort_by("row")
+    translator = Translator.from_checkpoint(path, manifest.tokenizer(), beam_size=beam, alpha=alpha)
+    started = time.perf_counter()
+    hyps = translator.translate(test.column("src").to_pylist())
+    scores = score_with_signatures(hyps, test.column("tgt").to_pylist())
+    return {**scores, "sentences": len(hyps), "decode_s": round(time.perf_counter() - started, 1),
+            "examples": list(zip(test.column("src").to_pylist()[:3], hyps[:3]))}
+
+
+def _plot(history: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key in ("train_loss", "val_loss"):
+        if history.get(key):
+            left.plot(*zip(*history[key]), label=key)
+    left.set_xlabel("update")
+    left.set_ylabel("label-smoothed loss per token")
+    left.legend()
+    if history.get("val_bleu"):
+        right.plot(*zip(*history["val_bleu"]), marker="o", color="tab:green")
+    right.set_xlabel("update")
+    right.set_ylabel("validation BLEU (cased, detok.)")
+    fig.suptitle("Multi30k en-de, Transformer-Tiny, 2 CPU workers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    """Train within the budget, evaluate on test_2016_flickr, print and save JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget-min", type=float, default=90.0, help="training wall-clock budget in minutes")
+    parser.add_argument("--data-dir", default=os.environ.get("NMT_MULTI30K_DIR",
+                                                             str(ROOT.parent / "shared/data/multi30k")))
+    parser.add_argument("--config", default=str(ROOT / "configs/multi30k_en_de.yaml"))
+    parser.add_argument("--workdir", default=str(ROOT / "benchmarks/.multi30k"), help="data, checkpoints, MLflow store")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/multi30k_quality.json"))
+    parser.add_argument("--plot", default=str(ROOT / "benchmarks/multi30k_quality.png"))
+    args = parser.parse_args()
+
+    work = Path(args.workdir).resolve()
+    cfg = load_config(args.config, [
+        f"data.path={args.data_dir}", f"data.output_dir={work / 'data'}", f"train.storage_path={work / 'runs'}",
+        f"train.time_budget_s={args.budget_min * 60}", "train.epochs=1000",
+        f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}", "tracking.experiment=multi30k-quality",
+        *args.overrides,
+    ])
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    outcome = train(cfg, config_file=args.config)
+    wall = time.perf_counter() - started
+    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    history = {k: tracking.metric_history(uri, outcome.run_id, k)
+               for k in ("train_loss", "val_loss", "val_bleu", "tokens_per_s", "train_seconds")}
+    kept = _checkpoints(Path(outcome.storage_path) / outcome.run_name)
+    final = [c for c in kept if "averaged" not in c][-1]
+    averaged = [c for c in kept if "averaged" in c]
+    beam, alpha = cfg.train.beam_size, cfg.train.length_penalty
+    result = {
+        "budget_min": args.budget_min, "wall_min": round(wall / 60, 1),
+        "train_min": round(max(v for _, v in history["train_seconds"]) / 60, 1),
+        "updates": final["step"], "epochs": final["epoch"],
+        "tokens_per_s": round(sum(v for _, v in history["tokens_per_s"]) / max(len(history["tokens_per_s"]), 1)),
+        "parameters": Translator.from_checkpoint(final["path"], outcome.manifest.tokenizer()).model.num_parameters(),
+        "workers": cfg.train.num_workers, "beam": beam, "alpha": alpha,
+        "final": {"val_bleu": final["val_bleu"], **_test_scores(final["path"], outcome.manifest, beam, alpha)},
+    }
+    if averaged:
+        result["averaged"] = {"checkpoints": averaged[-1]["averaged"], "val_bleu": averaged[-1]["val_bleu"],
+                              **_test_scores(averaged[-1]["path"], outcome.manifest, beam, alpha)}
+    result["val_bleu_curve"] = [(s, round(v, 2)) for s, v in history["val_bleu"]]
+    _plot(history, Path(args.plot))
+    text = json.dumps(result, indent=1, default=str)
+    Path(args.out).write_text(text + "\n")
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
