@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo bench lint browser clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,18 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check model pipeline tests benchmarks
+
+# Headless Chromium + chromedriver for tests/test_mlflow_ui.py (Debian/Ubuntu; needs root or sudo).
+# Deliberately NOT a prerequisite of setup or test, so `make setup` works without root: outside CI
+# that test skips when the browser is missing (with CI=true it fails). .ci/run does the same install.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		echo "chromium and chromedriver already installed"; \
+	else \
+		SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; \
+	fi
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

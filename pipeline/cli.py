@@ -38,6 +38,58 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from .inference import evaluate
+
+    if bool(args.split) == bool(args.src or args.ref):
+        raise UserError("give either --split NAME or both --src FILE and --ref FILE")
+    if not args.split and not (args.src and args.ref):
+        raise UserError("--src and --ref go together: the source file and its reference translations")
+    cfg = _load(args)
+    scores = evaluate(cfg.tracking.tracking_uri, cfg.tracking.experiment, args.model, args.beam,
+                      src_file=args.src, ref_file=args.ref, split=args.split, data_dir=args.data)
+    print(f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+    print(f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+    print(f"BLEU lowercased, tokenized {scores['bleu_lc']:.2f}  ({scores['bleu_lc_signature']})")
+    print(f"{scores['sentences']} sentences; MLflow evaluation run {scores['run_id']}")
+    return 0
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import registry, tracking
+    from .corpus import read_lines
+    from .inference import translate
+
+    texts = list(args.text)
+    if args.input:
+        texts += read_lines(Path(args.input))
+    if not texts and not sys.stdin.isatty():
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    if not texts:
+        raise UserError("nothing to translate: give sentences as arguments, --input FILE, or lines on stdin")
+    cfg = _load(args)
+    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    tracking.check_reachable(uri)
+    model = registry.load(uri, args.model)
+    for line in translate(model, texts, args.beam, progress=bool(args.input)):
+        print(line)
+    return 0
+
+
+def _cmd_promote(args: argparse.Namespace) -> int:
+    from . import registry, tracking
+
+    cfg = _load(args)
+    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    tracking.check_reachable(uri)
+    name = args.name or cfg.tracking.registered_model
+    registry.promote(uri, name, args.version)
+    print(f"{name} version {args.version} is now @{registry.CHAMPION}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -55,6 +107,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(train)
     train.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     train.set_defaults(func=_cmd_train)
+
+    model_help = "MLflow model URI (default: models:/transformer-nmt@champion)"
+    evaluate = commands.add_parser("evaluate", help="score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)")
+    _add_config_options(evaluate)
+    evaluate.add_argument("--model", default="models:/transformer-nmt@champion", help=model_help)
+    evaluate.add_argument("--src", help="source sentences, one per line")
+    evaluate.add_argument("--ref", help="reference translations, one per line")
+    evaluate.add_argument("--split", help="a prepared split instead (e.g. test)")
+    evaluate.add_argument("--data", help="the prepared dataset for --split (default: the one the model was trained on)")
+    evaluate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    evaluate.set_defaults(func=_cmd_evaluate)
+
+    translate = commands.add_parser("translate", help="translate sentences with a registered model")
+    _add_config_options(translate)
+    translate.add_argument("text", nargs="*", help="sentences to translate")
+    translate.add_argument("--model", default="models:/transformer-nmt@champion", help=model_help)
+    translate.add_argument("--input", help="a file of sentences, one per line")
+    translate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    translate.set_defaults(func=_cmd_translate)
+
+    promote = commands.add_parser("promote", help="move the champion alias to a model version by hand")
+    _add_config_options(promote)
+    promote.add_argument("version", help="the model version number")
+    promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
+    promote.set_defaults(func=_cmd_promote)
     return parser
 
 

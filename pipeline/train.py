@@ -31,6 +31,7 @@ class TrainOutcome:
     checkpoint_path: str | None  # the best checkpoint (by val_bleu), in storage
     storage_path: str
     manifest: Manifest
+    registered: Any = None  # registry.Registered, when the run registered a model version
 
 
 def default_run_name(cfg: Config) -> str:
@@ -130,9 +131,39 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
         raise
     best = _best_checkpoint(result)
     metrics = best[1] if best else dict(result.metrics or {})
+    registered = None
+    if best:
+        registered = publish(cfg, uri, run_id, best[0], metrics, manifest, register=cfg.tracking.register)
     tracking.end_run(uri, run_id, tags={"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}",
                                         "best_checkpoint": best[0].path if best else ""})
-    return TrainOutcome(run_name, run_id, metrics, best[0].path if best else None, storage_path, manifest)
+    return TrainOutcome(run_name, run_id, metrics, best[0].path if best else None, storage_path, manifest,
+                        registered)
+
+
+def publish(cfg: Config, uri: str, run_id: str, checkpoint, metrics: dict, manifest: Manifest,
+            register: bool = True):
+    """Pictures and sample translations for the run, then (optionally) a registered model version.
+
+    Done once per run: a rerun of a finished run finds its version and adds nothing.
+    """
+    from . import registry
+    from .run_report import log_run_report, validation_sample
+    from .translator import Translator
+
+    name = cfg.tracking.registered_model
+    existing = registry.version_of_run(uri, name, run_id)
+    if existing:
+        print(f"[train] run already registered as {name} version {existing}", file=sys.stderr, flush=True)
+        return None
+    with checkpoint.as_directory() as directory:
+        translator = Translator.from_checkpoint(directory, manifest.tokenizer(), beam_size=cfg.train.beam_size,
+                                                alpha=cfg.train.length_penalty)
+    log_run_report(uri, run_id, translator, manifest, title=cfg.tracking.experiment)
+    if not register:
+        return None
+    tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path}
+    return registry.register(uri, run_id, translator, name, float(metrics["val_bleu"]), tags,
+                             example=validation_sample(manifest, 1)[0][0])
 
 
 def _best_checkpoint(result) -> tuple[Any, dict] | None:

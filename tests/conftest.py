@@ -30,3 +30,95 @@ def ray_session():
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, process=None) -> None:
+    """Poll url until it answers 200; fail with the process's exit if it died first."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{process.args[:3]} exited with {process.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+def stop_process(process, timeout_s: float = 15.0) -> None:
+    """Stop a process started with start_new_session=True, and everything it spawned."""
+    import signal
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout_s)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 with an SQLite store and a local artifact root, stopped afterwards."""
+    import subprocess
+    import sys
+    import types
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    log = open(root / "server.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
+        # The server's background job runner (for GenAI features) only costs start-up time here.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{uri}/health", 300, process)
+        yield types.SimpleNamespace(uri=uri, root=root, process=process)
+    finally:
+        stop_process(process)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def champion(ray_session, mlflow_server, tmp_path_factory):
+    """A small model trained with `nmt train`'s code path against the MLflow server, registered as champion."""
+    import types
+
+    from mlflow.tracking import MlflowClient
+    from small import small_config
+
+    from pipeline.train import train
+
+    workdir = tmp_path_factory.mktemp("champion")
+    cfg = small_config(workdir, "train.epochs=3", "train.average_last=2", "tracking.experiment=nmt-tests",
+                       tracking_uri=mlflow_server.uri)
+    outcome = train(cfg)
+    assert outcome.registered is not None and outcome.registered.champion
+    client = MlflowClient(mlflow_server.uri)
+    return types.SimpleNamespace(
+        uri=mlflow_server.uri, experiment=cfg.tracking.experiment,
+        experiment_id=client.get_experiment_by_name(cfg.tracking.experiment).experiment_id,
+        run_id=outcome.run_id, run_name=outcome.run_name, model_name=cfg.tracking.registered_model,
+        version=outcome.registered.version, val_bleu=outcome.metrics["val_bleu"], outcome=outcome, cfg=cfg,
+        workdir=workdir)

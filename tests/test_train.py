@@ -8,28 +8,14 @@ import psutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from small import small_config
 
 from pipeline import checkpoint
-from pipeline.config import load_config
 from pipeline.data import prepare
 from pipeline.distributed import TorchrunContext
 from pipeline.errors import UserError
 from pipeline.train import train
 from pipeline.train_loop import train_loop
-
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "data.demo_sizes={train: 3000, validation: 100, test: 100}", "data.vocab_size=600",
-    "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1",
-    "train.num_workers=1", "train.max_tokens=2048", "train.warmup_steps=50", "train.beam_size=2",
-    "train.log_every=5", "train.resource_wait_s=2",
-]
-
-
-def small_config(tmp_path, *extra):
-    return load_config(ROOT / "configs" / "demo.yaml",
-                       [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
-                        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", *extra])
 
 
 @pytest.fixture(scope="module")

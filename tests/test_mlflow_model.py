@@ -1,0 +1,159 @@
+"""The packaged model and the registry: pyfunc in a fresh process, `mlflow models serve`, champion rule, CLIs."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import urllib.request
+
+import pytest
+from conftest import free_port, stop_process, wait_http
+from mlflow.tracking import MlflowClient
+
+from pipeline import registry
+from pipeline.cli import main
+from pipeline.translator import Translator
+
+EXAMPLES = ["a small dog runs .", "the woman sees two red houses ."]
+
+
+def _env(uri: str) -> dict[str, str]:
+    # `mlflow models serve` execs uvicorn from PATH, as in an activated virtual environment.
+    path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": path}
+
+
+def test_training_logs_pictures_samples_and_a_registered_version(champion):
+    client = MlflowClient(champion.uri)
+    artifacts = {a.path for a in client.list_artifacts(champion.run_id)}
+    assert {"learning_curves.png", "attention", "samples.json"} <= artifacts
+    attention = {a.path for a in client.list_artifacts(champion.run_id, "attention")}
+    assert {"attention/sentence1_encoder_self.png", "attention/sentence1_decoder_self.png",
+            "attention/sentence1_cross.png"} <= attention
+    version = client.get_model_version(champion.model_name, champion.version)
+    assert version.run_id == champion.run_id
+    assert float(version.tags["val_bleu"]) == pytest.approx(champion.val_bleu, abs=1e-3)
+    assert {"data_manifest", "git_commit", "run_id"} <= set(version.tags)
+    assert client.get_model_version_by_alias(champion.model_name, "champion").version == champion.version
+
+
+def test_packaged_model_translates_in_a_fresh_process_from_its_own_code(champion, tmp_path):
+    script = textwrap.dedent(f"""
+        import json, sys, mlflow
+        model = mlflow.pyfunc.load_model("models:/{champion.model_name}@champion")
+        import pandas as pd
+        out = model.predict(pd.DataFrame({{"src": {EXAMPLES!r}}}), params={{"beam_size": 2}})
+        import pipeline.translator
+        print(json.dumps({{"translations": out["translation"].tolist(),
+                          "code": pipeline.translator.__file__,
+                          "schema": model.metadata.get_input_schema().input_names(),
+                          "params": [p.name for p in model.metadata.get_params_schema().params]}}))
+    """)
+    # Run outside the repo: the model must bring its own code.
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(champion.uri),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(result["translations"]) == 2 and all(isinstance(t, str) for t in result["translations"])
+    assert "/code/pipeline/translator.py" in result["code"]  # loaded from the model, not from this checkout
+    assert result["schema"] == ["src"] and set(result["params"]) == {"beam_size", "max_len"}
+
+
+def test_registered_model_holds_no_pickles(champion, tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(champion.uri)
+    local = mlflow.artifacts.download_artifacts(f"models:/{champion.model_name}/{champion.version}", dst_path=tmp_path)
+    files = [os.path.relpath(os.path.join(d, f), local) for d, _, names in os.walk(local) for f in names]
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".pth", ".bin", ".joblib"))], files
+    assert any(f.endswith("model.safetensors") for f in files) and any(f.endswith("spm.model") for f in files)
+    mlmodel = open(os.path.join(local, "MLmodel")).read()
+    # Models from Code: MLflow loads mlflow_model.py, never a cloudpickled python_model.pkl.
+    assert "loader_module: mlflow.pyfunc.loaders.code_model" in mlmodel and "python_model.pkl" not in mlmodel
+
+
+def test_mlflow_models_serve_answers_invocations(champion, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{champion.model_name}@champion",
+         "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=_env(champion.uri), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ping", 180, process)
+        body = {"dataframe_split": {"columns": ["src"], "data": [[e] for e in EXAMPLES]}, "params": {"beam_size": 2}}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            predictions = json.loads(response.read())["predictions"]
+        assert [set(p) for p in predictions] == [{"translation"}] * 2
+    finally:
+        stop_process(process)
+        log.close()
+
+
+def test_champion_moves_only_when_val_bleu_improves_and_promote_moves_it_by_hand(champion, capsys):
+    translator = Translator.from_files(_translator_files(champion))
+    first = registry.champion_bleu(champion.uri, champion.model_name)
+    assert first == (champion.version, pytest.approx(champion.val_bleu, abs=1e-3))
+    try:
+        worse = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
+                                  champion.val_bleu - 1.0, {}, example=EXAMPLES[0])
+        assert not worse.champion and registry.champion_bleu(champion.uri, champion.model_name)[0] == champion.version
+        better = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
+                                   champion.val_bleu + 1.0, {}, example=EXAMPLES[0])
+        assert better.champion and registry.champion_bleu(champion.uri, champion.model_name)[0] == better.version
+        assert main(["promote", worse.version, "--set", f"tracking.tracking_uri={champion.uri}"]) == 0
+        assert registry.champion_bleu(champion.uri, champion.model_name)[0] == worse.version
+        assert main(["promote", "999", "--set", f"tracking.tracking_uri={champion.uri}"]) == 2
+        assert "has no version 999" in capsys.readouterr().err
+    finally:  # later tests look for the original champion
+        registry.promote(champion.uri, champion.model_name, champion.version)
+
+
+def _translator_files(champion):
+    import mlflow
+
+    mlflow.set_tracking_uri(champion.uri)
+    local = mlflow.artifacts.download_artifacts(f"models:/{champion.model_name}/{champion.version}")
+    return os.path.join(local, "artifacts", "translator")
+
+
+def test_evaluate_scores_a_split_and_logs_a_linked_evaluation_run(champion, capsys):
+    settings = ["--set", f"tracking.tracking_uri={champion.uri}", "--set", f"tracking.experiment={champion.experiment}"]
+    assert main(["evaluate", "--split", "test", "--beam", "2", *settings]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU" in out and "nrefs:1|case:mixed" in out and "case:lc" in out and "chrF" in out
+    client = MlflowClient(champion.uri)
+    version = client.get_model_version(champion.model_name, champion.version)
+    run = client.get_run(version.tags["test_eval_run"])
+    assert run.data.tags["model_version"] == champion.version and run.data.tags["source_run_id"] == champion.run_id
+    assert {"test_bleu", "test_chrf", "test_bleu_lc"} <= set(run.data.metrics)
+    assert float(version.tags["test_bleu"]) == pytest.approx(run.data.metrics["test_bleu"], abs=0.01)
+
+
+def test_evaluate_refuses_files_that_do_not_pair(champion, tmp_path, capsys):
+    (tmp_path / "src.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "ref.txt").write_text("eins\nzwei\n")
+    code = main(["evaluate", "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"),
+                 "--set", f"tracking.tracking_uri={champion.uri}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "src.txt has 3 lines but" in err and "ref.txt has 2" in err and "Traceback" not in err
+
+
+def test_translate_prints_one_line_per_sentence(champion, tmp_path, capsys):
+    settings = ["--set", f"tracking.tracking_uri={champion.uri}"]
+    assert main(["translate", *EXAMPLES, "--beam", "1", *settings]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    (tmp_path / "in.txt").write_text("\n".join(EXAMPLES * 3) + "\n")
+    assert main(["translate", "--input", str(tmp_path / "in.txt"), *settings]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 6 and "6/6 sentences" in captured.err
+
+
+def test_a_model_uri_that_does_not_exist_is_a_clear_error(champion, capsys):
+    code = main(["translate", "hello", "--model", "models:/no-such-model@champion",
+                 "--set", f"tracking.tracking_uri={champion.uri}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot load model 'models:/no-such-model@champion'" in err and "Traceback" not in err
