@@ -38,6 +38,40 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .sweep import sweep
+
+    outcome = sweep(_load(args), args.space, address=args.address, resume=args.resume, config_file=args.config)
+    print(format_trials(outcome))
+    return 0
+
+
+def format_trials(outcome) -> str:
+    """The sweep's trials as a text table, the best one marked."""
+    keys = list(outcome.trials[0]["params"]) if outcome.trials else []
+    header = ["trial", *(k.split(".")[-1] for k in keys), "val_bleu", "steps", "status"]
+    rows = [[t["trial_id"], *(_short(t["params"][k]) for k in keys), f"{t['val_bleu']:.2f}", str(t["steps"]),
+             t["status"] + (" *best*" if t is outcome.best else "")] for t in outcome.trials]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    registered = outcome.registered
+    if registered is not None:
+        lines.append(f"registered {registered.name} version {registered.version}"
+                     + (" (champion)" if registered.champion else " (champion unchanged)"))
+    lines.append(f"sweep {outcome.name}: MLflow parent run {outcome.parent_run_id}; results in {outcome.path}")
+    return "\n".join(lines)
+
+
+def _short(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main_demo
+
+    return main_demo(args)
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .inference import evaluate
 
@@ -90,6 +124,23 @@ def _cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .config import set_value
+    from .serve import run
+
+    cfg = _load(args)
+    for key, value in (("model_uri", args.model), ("port", args.port), ("host", args.host)):
+        if value is not None:
+            set_value(cfg, f"serve.{key}", value, where=f"--{key.split('_')[0]}")
+    return run(cfg, address=args.address)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from .submit import submit
+
+    return submit(args.job, address=args.address, follow=args.follow, pip=args.pip)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -107,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(train)
     train.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     train.set_defaults(func=_cmd_train)
+
+    tune = commands.add_parser("tune", help="sweep hyperparameters with Ray Tune (ASHA), trials on Ray Train")
+    _add_config_options(tune)
+    tune.add_argument("--space", required=True, help="search space YAML (see tune_spaces/)")
+    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    tune.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
+    tune.set_defaults(func=_cmd_tune)
+
+    demo = commands.add_parser("demo", help="the whole pipeline on the built-in corpus in minutes (make demo)")
+    demo.add_argument("--quick", action="store_true", help="a smaller corpus, model and sweep (for CI)")
+    demo.add_argument("--workdir", help="where data, runs and mlflow.db go (default: here)")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    demo.set_defaults(func=_cmd_demo)
 
     model_help = "MLflow model URI (default: models:/transformer-nmt@champion)"
     evaluate = commands.add_parser("evaluate", help="score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)")
@@ -132,6 +196,29 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("version", help="the model version number")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
     promote.set_defaults(func=_cmd_promote)
+
+    serve = commands.add_parser("serve", help="serve a registered model over HTTP with Ray Serve (Ctrl-C stops)")
+    _add_config_options(serve)
+    serve.add_argument("--model", help="MLflow model URI (default: serve.model_uri, models:/transformer-nmt@champion)")
+    serve.add_argument("--port", type=int, help="HTTP port (default: serve.port, 8000)")
+    serve.add_argument("--host", help="interface to listen on (default: serve.host, 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    serve.set_defaults(func=_cmd_serve)
+
+    submit = commands.add_parser(
+        "submit", help="run an nmt command as a Ray Job on a cluster",
+        usage="nmt submit [--address URL] [--follow] [--no-pip] -- COMMAND [ARGS ...]",
+        description="Submit `nmt COMMAND ARGS` as a Ray Job: the project directory is its working_dir; the MLflow "
+                    "tracking URI and storage paths are passed explicitly. Token-authenticated clusters: set "
+                    "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token).")
+    submit.add_argument("--address", help="the cluster's dashboard URL, e.g. http://HEAD:8265 (default: RAY_ADDRESS)")
+    submit.add_argument("--follow", action="store_true",
+                        help="stream the job's logs; the exit status is the job's (0 succeeded, 1 failed, 130 stopped)")
+    submit.add_argument("--pip", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the project's requirements (all but Ray) to the job's runtime_env; --no-pip when "
+                             "the cluster's image already has them (default: --pip)")
+    submit.add_argument("job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the nmt command, after --")
+    submit.set_defaults(func=_cmd_submit)
     return parser
 
 

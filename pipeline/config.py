@@ -27,30 +27,30 @@ class DataConfig:
     """Where the corpus comes from, how it is cleaned and tokenized, where shards go."""
 
     source: str = "demo"  # demo | files | hf
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    src_lang: str = "en"  # source language code: file suffix and default field name
+    tgt_lang: str = "de"  # target language code
     path: str = ""  # files: directory of the split files; hf: a saved dataset directory
     format: str = "text"  # files: text (one file per language) | tsv | jsonl | parquet
     splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "validation": "val", "test": "test"}
     )  # our split name -> file stem (text: <stem>.<lang>) or HF split name
     src_field: str = ""  # tsv/jsonl/parquet/hf column; "" = the language code; dots nest
-    tgt_field: str = ""
+    tgt_field: str = ""  # like src_field, for the target side
     hf_name: str = ""  # a hub dataset, e.g. bentrevett/multi30k or wmt14
     hf_config: str = ""  # e.g. de-en for wmt14
     demo_sizes: dict[str, int] = field(
         default_factory=lambda: {"train": 50_000, "validation": 1_000, "test": 1_000}
-    )
-    seed: int = 0
+    )  # demo only: sentence pairs per split
+    seed: int = 0  # seed of the demo corpus and of the tokenizer's training sample
     on_bad_utf8: str = "error"  # error | replace
     max_len: int = 128  # subword tokens per side, longer pairs are dropped
     max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
     dedup: bool = False  # drop exact duplicate pairs in the training split
-    vocab_size: int = 8000
+    vocab_size: int = 8000  # SentencePiece vocabulary size (each side's, if not joint)
     tokenizer_type: str = "bpe"  # bpe | unigram
     joint_vocab: bool = True  # one vocabulary for both sides, so embeddings can be tied
     tokenizer_sample: int = 200_000  # sentences per side sampled to train SentencePiece
-    character_coverage: float = 1.0
+    character_coverage: float = 1.0  # SentencePiece: share of characters covered; 1.0 keeps all
     output_dir: str = "data/prepared"  # local path or storage URI
     num_shards: int = 0  # Parquet files per split; 0 lets Ray Data decide
 
@@ -59,50 +59,50 @@ class DataConfig:
 class ModelConfig:
     """A TransformerConfig preset plus overrides; None keeps the preset's value."""
 
-    preset: str = "tiny"
-    d_model: int | None = None
-    d_ff: int | None = None
-    num_heads: int | None = None
+    preset: str = "tiny"  # tiny | base | big (Table 3 of the paper; tiny is CPU-sized)
+    d_model: int | None = None  # model width
+    d_ff: int | None = None  # inner size of the feed-forward layers
+    num_heads: int | None = None  # attention heads; must divide d_model
     num_layers: int | None = None  # both stacks; the two below win if set
-    num_encoder_layers: int | None = None
-    num_decoder_layers: int | None = None
-    dropout: float | None = None
-    attention_dropout: float | None = None
-    norm_first: bool | None = None
-    positional_encoding: str | None = None
-    tie_embeddings: bool | None = None
-    max_positions: int | None = None
+    num_encoder_layers: int | None = None  # encoder layers
+    num_decoder_layers: int | None = None  # decoder layers
+    dropout: float | None = None  # P_drop: sublayer outputs and embeddings + positions
+    attention_dropout: float | None = None  # dropout on attention weights; not in the paper
+    norm_first: bool | None = None  # true: pre-norm; false: post-norm as in the paper
+    positional_encoding: str | None = None  # sinusoidal | learned
+    tie_embeddings: bool | None = None  # share embeddings and pre-softmax weights (needs a joint vocabulary)
+    max_positions: int | None = None  # longest sequence the positional encoding covers
 
 
 @dataclass
 class TrainConfig:
     """Ray Train scaling and the optimisation recipe of Sec. 5."""
 
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: int = 1
+    num_workers: int = 1  # Ray Train workers (DDP ranks)
+    use_gpu: bool = False  # one GPU per worker
+    cpus_per_worker: int = 1  # CPUs reserved for each worker
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     max_tokens: int = 4096  # padded source + target tokens per batch per worker
     update_freq: int = 1  # gradient accumulation
-    epochs: int = 10
+    epochs: int = 10  # passes over the training split
     max_steps: int = 0  # 0: no limit besides epochs
     time_budget_s: float = 0.0  # stop (validate, average, finish) after this much training time; 0: none
-    warmup_steps: int = 4000
-    lr_scale: float = 1.0
-    label_smoothing: float = 0.1
+    warmup_steps: int = 4000  # Eq. 3: the learning rate rises linearly for this many updates, then decays
+    lr_scale: float = 1.0  # multiplies the learning rate of Eq. 3
+    label_smoothing: float = 0.1  # epsilon_ls of Sec. 5.4
     clip_norm: float = 0.0  # 0: no clipping
     amp: str = "auto"  # auto | bf16 | fp16 | off
-    compile: bool = False
-    seed: int = 0
+    compile: bool = False  # torch.compile the model
+    seed: int = 0  # seed of initialisation and batch shuffling
     val_interval: int = 0  # updates between validations; 0: every epoch
     log_every: int = 10  # updates between progress lines and train_loss reports
-    beam_size: int = 4
-    length_penalty: float = 0.6
-    keep_checkpoints: int = 3
-    average_last: int = 5
-    storage_path: str = "runs"
-    run_name: str = ""
-    max_failures: int = 0
+    beam_size: int = 4  # beam of validation decoding and of the packaged model
+    length_penalty: float = 0.6  # beam search length penalty alpha
+    keep_checkpoints: int = 3  # checkpoints kept: the best by val_bleu, plus the latest
+    average_last: int = 5  # average the last N checkpoints at the end (Sec. 6.1)
+    storage_path: str = "runs"  # Ray Train / Tune results and checkpoints: local path or storage URI
+    run_name: str = ""  # "": a hash of the config; the same name resumes the run
+    max_failures: int = 0  # restarts from the latest checkpoint after a worker failure
     resource_wait_s: float = 30.0  # how long to wait for the cluster to fit the workers
 
 
@@ -110,40 +110,41 @@ class TrainConfig:
 class TuneConfig:
     """Ray Tune sweep settings."""
 
-    num_samples: int = 4
+    num_samples: int = 4  # trials to sample (with grid keys: samples of each grid point)
     max_concurrent_trials: int = 0  # 0: as many as the cluster fits
     scheduler: str = "asha"  # asha | fifo
-    grace_period: int = 1
-    reduction_factor: int = 2
+    grace_period: int = 100  # ASHA: updates every trial trains before it can be stopped
+    reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
+    name: str = ""  # the sweep's name (its storage directory and MLflow parent run); "" derives one
     search: str = "random"  # random | grid | optuna
-    metric: str = "val_bleu"
-    mode: str = "max"
+    metric: str = "val_bleu"  # what the scheduler and the best trial go by
+    mode: str = "max"  # max | min
 
 
 @dataclass
 class TrackingConfig:
     """MLflow tracking and registry; an empty tracking_uri means MLFLOW_TRACKING_URI or sqlite:///mlflow.db."""
 
-    tracking_uri: str = ""
-    experiment: str = "transformer-nmt"
-    registered_model: str = "transformer-nmt"
-    register: bool = True
+    tracking_uri: str = ""  # "": MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory
+    experiment: str = "transformer-nmt"  # MLflow experiment of every run
+    registered_model: str = "transformer-nmt"  # registry name of the packaged models
+    register: bool = True  # register the best model; @champion moves only if val_bleu improves
 
 
 @dataclass
 class ServeConfig:
     """The Ray Serve translation service."""
 
-    model_uri: str = "models:/transformer-nmt@champion"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch_size: int = 16
-    batch_wait_timeout_s: float = 0.05
-    max_ongoing_requests: int = 32
-    max_queued_requests: int = 64
-    request_timeout_s: float = 30.0
-    max_texts: int = 64
-    max_chars: int = 1000
+    model_uri: str = "models:/transformer-nmt@champion"  # MLflow model URI to serve
+    host: str = "127.0.0.1"  # interface to listen on; 0.0.0.0 for all
+    port: int = 8000  # HTTP port
+    max_batch_size: int = 16  # sentences decoded together (dynamic batching)
+    batch_wait_timeout_s: float = 0.05  # how long a batch waits to fill up
+    max_ongoing_requests: int = 32  # requests a replica works on at once
+    max_queued_requests: int = 64  # requests waiting beyond those; more get 503
+    request_timeout_s: float = 30.0  # seconds until a request's answer is 504
+    max_texts: int = 64  # sentences per request, more get 413
+    max_chars: int = 1000  # characters per sentence, longer get 413
 
 
 @dataclass
@@ -222,7 +223,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     where = "<defaults>"
     if path is not None:
         where = str(path)
-        tree, lines = _read_yaml(Path(path))
+        tree, lines = read_yaml(Path(path))
     config = config_from_dict(tree, where=where, lines=lines)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -309,7 +310,7 @@ def _at(where: str, lines: dict[str, int] | None, key: str) -> str:
     return f"{where}:{line}" if line else where
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """The YAML mapping in path and the line of each "section" / "section.key"."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
@@ -330,3 +331,35 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                 for sub_key, _ in value_node.value:
                     lines[f"{key_node.value}.{sub_key.value}"] = sub_key.start_mark.line + 1
     return (tree or {}), lines
+
+
+def reference_markdown() -> str:
+    """Every config key as markdown tables (key | default | meaning), the meaning from its field's comment."""
+    import ast
+    import inspect
+    import io
+    import tokenize
+
+    def escape(text: str) -> str:  # a bare | splits a table cell; <word> would be read as an HTML tag
+        return text.replace("|", "\\|").replace("<", "\\<")
+
+    def value(default: Any) -> str:
+        text = yaml.safe_dump(default, default_flow_style=True, sort_keys=False, width=1000)
+        return "`" + text.removesuffix("...\n").strip().replace("|", "\\|") + "`"
+
+    defaults, lines = Config(), []
+    for section in dataclasses.fields(Config):
+        values = getattr(defaults, section.name)
+        source = inspect.getsource(type(values))
+        comments = {token.start[0]: token.string.lstrip("#").strip()
+                    for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if token.type == tokenize.COMMENT}
+        # A field's comment ends its statement: for a multi-line field(...), the line of the closing ")".
+        meanings = {node.target.id: comments.get(node.end_lineno, "")
+                    for node in ast.parse(source).body[0].body if isinstance(node, ast.AnnAssign)}
+        lines += [f"### `{section.name}`: {inspect.getdoc(type(values))}", "",
+                  "| key | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{section.name}.{f.name}` | {value(getattr(values, f.name))} | {escape(meanings[f.name])} |"
+                  for f in dataclasses.fields(values)]
+        lines.append("")
+    return "\n".join(lines)

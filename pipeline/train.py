@@ -67,10 +67,24 @@ def check_capacity(cfg: Config, wait_s: float) -> None:
         time.sleep(1.0)
 
 
-def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
-                  callbacks: list | None = None):
-    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial."""
+def train_dataset(manifest: Manifest):
+    """The train split as a materialized Ray Dataset of the columns workers read.
+
+    Materialized up front (once per sweep, not per trial): training workers may hold every CPU
+    of the cluster, and a lazy read would then wait forever for a CPU to run its read tasks on.
+    """
     import ray.data
+
+    return ray.data.read_parquet(manifest.split_dir("train")).select_columns(TRAIN_COLUMNS).materialize()
+
+
+def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
+                  callbacks: list | None = None, train_data=None):
+    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial."""
+    # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
+    # and a timed-out attempt can leave its placement group behind for the retry to wait on.
+    # Ray propagates this variable from the process calling fit() to the controller.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -91,12 +105,9 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
         callbacks=callbacks or [],
         logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
     )
-    # Materialized up front: training workers may hold every CPU of the cluster, and a lazy
-    # read would then wait forever for a CPU to run its read tasks on.
-    train_data = ray.data.read_parquet(manifest.split_dir("train")).select_columns(TRAIN_COLUMNS)
-    datasets = {"train": train_data.materialize()}
     return TorchTrainer(train_loop, train_loop_config={"config": cfg.to_dict(), "data_path": manifest.path},
-                        scaling_config=scaling, run_config=run_config, datasets=datasets)
+                        scaling_config=scaling, run_config=run_config,
+                        datasets={"train": train_data if train_data is not None else train_dataset(manifest)})
 
 
 def _storage_path(cfg: Config) -> str:

@@ -1,0 +1,94 @@
+"""The README stays true: its config reference, the `nmt` commands it shows and the files it names."""
+
+import argparse
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import build_parser
+from pipeline.config import Config, reference_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+REGENERATE = ('regenerate it: .venv/bin/python -c "from pipeline.config import reference_markdown; '
+              'print(reference_markdown())" and paste the output between the config-reference markers')
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# The deploy module adds these two subcommands; the README may name them before the parser has them.
+DEPLOY_COMMANDS = {"serve", "submit"}
+SHELL_OPERATORS = {">", ">>", "<", "|", "&&", "||", ";"}
+PATH_PREFIXES = ("configs/", "tune_spaces/", "benchmarks/", "deploy/", "pipeline/", "model/")
+PROJECT_PATH = re.compile(r"(?<![\w./:-])((?:" + "|".join(map(re.escape, PATH_PREFIXES)) + r")[\w./*-]*)")
+
+
+def _code() -> list[str]:
+    """The README's code: every fenced block and every inline `code span` outside them."""
+    blocks = FENCED.findall(README)
+    prose = FENCED.sub("", README)
+    return blocks + re.findall(r"`([^`\n]+)`", prose)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_config_reference_is_the_generated_table_and_names_every_key():
+    assert README.count(START) == 1 and README.count(END) == 1, "the README needs one config-reference block"
+    block = README.split(START, 1)[1].split(END, 1)[0]
+    assert block.strip() == reference_markdown().strip(), f"the configuration reference is out of date; {REGENERATE}"
+    missing = [key for key in Config().flat() if f"| `{key}` |" not in block]
+    assert not missing, f"keys missing from the configuration reference: {missing}"
+    rows = [re.split(r"(?<!\\)\|", line) for line in block.splitlines() if line.startswith("| `")]
+    unexplained = [cells[1].strip() for cells in rows if not cells[3].strip()]
+    assert not unexplained, f"keys without a meaning (add a trailing # comment in pipeline/config.py): {unexplained}"
+
+
+def test_every_nmt_subcommand_in_the_readme_exists():
+    named = {m for text in _code() for m in re.findall(r"(?<![\w/-])nmt (\w+)", text)}
+    assert named, "the README shows no nmt commands"
+    unknown = named - set(_subcommands(build_parser())) - DEPLOY_COMMANDS
+    assert not unknown, f"the README names nmt subcommands the CLI lacks: {sorted(unknown)}"
+
+
+def _command_lines() -> list[str]:
+    """Each `nmt ...` command line of the fenced blocks, continuation lines joined."""
+    lines = []
+    for block in FENCED.findall(README):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("nmt "):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("line", _command_lines())
+def test_nmt_command_lines_parse(line):
+    args = list(itertools.takewhile(lambda a: a not in SHELL_OPERATORS, shlex.split(line, comments=True)))[1:]
+    commands = [args]
+    if args[0] == "submit" and "--" in args:  # the submitted command must parse too
+        inner = args[args.index("--") + 1:]
+        commands.append(inner[1:] if inner[:1] == ["nmt"] else inner)
+    for command in commands:
+        if command[0] not in _subcommands(build_parser()):
+            pytest.skip(f"nmt {command[0]} comes with the deploy module")
+        try:
+            build_parser().parse_args(command)
+        except SystemExit:
+            pytest.fail(f"the README's command does not parse: nmt {shlex.join(command)}")
+
+
+def _exists(path: str) -> bool:
+    path = path.rstrip(".")  # a path that ends a sentence
+    return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+
+
+def test_every_project_path_in_the_readme_exists():
+    paths = {m for text in _code() for m in PROJECT_PATH.findall(text)}
+    assert paths, "the README names no project paths"
+    if not (ROOT / "deploy").is_dir():
+        paths = {p for p in paths if not p.startswith("deploy/")}
+    missing = sorted(p for p in paths if not _exists(p))
+    assert not missing, f"the README names files that do not exist: {missing}"

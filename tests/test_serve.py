@@ -1,0 +1,193 @@
+"""The Ray Serve translation service over real HTTP: translations, every bad request's 4xx, a burst, /healthz."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import free_port, stop_process, wait_http
+from small import ROOT
+
+pytestmark = pytest.mark.timeout(600)
+PREFIX = "/nmt"
+SENTENCES = ["the dog sees the cat .", "a small child plays in the garden ."]
+
+
+def _request(port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 120):
+    """(status, parsed JSON body or the raw text) of one HTTP request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode("utf-8", "replace")
+
+
+def _translate(port: int, payload) -> tuple[int, object]:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return _request(port, "POST", f"{PREFIX}/translate", body)
+
+
+@pytest.fixture(scope="module")
+def service(ray_session, champion):
+    """The champion served in-process under /nmt with small limits, so a burst overflows them."""
+    from ray import serve
+
+    from pipeline.config import ServeConfig
+    from pipeline.serve import app_for
+
+    port = free_port()
+    cfg = ServeConfig(model_uri=f"models:/{champion.model_name}@champion", max_batch_size=8,
+                      batch_wait_timeout_s=0.02, max_ongoing_requests=2, max_queued_requests=2,
+                      request_timeout_s=90, max_texts=4, max_chars=200)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(app_for(cfg, champion.uri), name="nmt-test", route_prefix=PREFIX)
+        yield port
+    finally:
+        serve.shutdown()
+
+
+def test_translates_like_the_registered_model(service, champion):
+    from pipeline import registry
+
+    status, body = _translate(service, {"texts": SENTENCES, "beam_size": 2})
+    assert status == 200, body
+    assert body["model_version"] == champion.version
+    model = registry.load(champion.uri, f"models:/{champion.model_name}/{champion.version}")
+    import pandas as pd
+
+    expected = model.predict(pd.DataFrame({"src": SENTENCES}), params={"beam_size": 2})["translation"].tolist()
+    assert body["translations"] == expected
+    status, body = _translate(service, {"texts": [SENTENCES[0]]})  # beam_size is optional
+    assert status == 200 and len(body["translations"]) == 1 and isinstance(body["translations"][0], str)
+
+
+BAD = [
+    pytest.param(b"{not json", 400, "not valid JSON", id="malformed-json"),
+    pytest.param(b"\xff\xfe{}", 400, "not valid JSON", id="not-utf8"),
+    pytest.param(b"[1, 2]", 400, "JSON object", id="not-an-object"),
+    pytest.param({"text": ["hi"]}, 400, "unknown field 'text'", id="unknown-field"),
+    pytest.param({"beam_size": 2}, 400, "required", id="no-texts"),
+    pytest.param({"texts": "hello"}, 400, "must be a list", id="texts-not-a-list"),
+    pytest.param({"texts": []}, 400, "empty", id="empty-list"),
+    pytest.param({"texts": ["ok", 3]}, 400, '"texts"[1] must be a string', id="non-string-item"),
+    pytest.param({"texts": ["a"] * 5}, 413, "at most 4", id="too-many-texts"),
+    pytest.param({"texts": ["x" * 201]}, 413, "at most 200", id="text-too-long"),
+    pytest.param({"texts": ["hi"], "beam_size": 0}, 400, "beam_size", id="beam-0"),
+    pytest.param({"texts": ["hi"], "beam_size": "x"}, 400, "beam_size", id="beam-x"),
+    pytest.param({"texts": ["hi"], "beam_size": True}, 400, "beam_size", id="beam-bool"),
+    pytest.param({"texts": ["hi"], "beam_size": 1000}, 400, "beam_size", id="beam-huge"),
+]
+
+
+@pytest.mark.parametrize(("payload", "status", "message"), BAD)
+def test_bad_request_gets_4xx_with_json_error(service, payload, status, message):
+    got, body = _translate(service, payload)
+    assert got == status, body
+    assert isinstance(body, dict) and message in body["error"]
+
+
+def test_wrong_route_or_method_is_json_4xx_and_replica_survives(service):
+    assert _request(service, "GET", f"{PREFIX}/translate")[0] == 405
+    status, body = _request(service, "GET", f"{PREFIX}/nowhere")
+    assert status == 404 and "error" in body
+    assert _translate(service, {"texts": ["the cat ."]})[0] == 200  # after every bad request above
+
+
+def test_burst_gets_200_or_503_and_nothing_is_lost(service):
+    """200 requests from 20 threads against 2 ongoing + 2 queued: the overflow is refused, not queued."""
+    statuses: list[object] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for i in range(10):
+            try:
+                status, _ = _translate(service, {"texts": [SENTENCES[(k + i) % 2]], "beam_size": 1})
+            except OSError as err:  # a dropped connection is a lost request
+                status = f"{type(err).__name__}: {err}"
+            with lock:
+                statuses.append(status)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    counts = {s: statuses.count(s) for s in set(map(str, statuses))}
+    print(f"burst of 200 in {time.monotonic() - started:.1f}s: {counts}")
+    assert len(statuses) == 200, counts
+    assert set(statuses) <= {200, 503}, counts
+    assert statuses.count(200) > 0 and statuses.count(503) > 0, counts
+
+
+def test_healthz(service, champion):
+    status, body = _request(service, "GET", f"{PREFIX}/healthz")
+    assert status == 200
+    assert body["status"] == "ok" and body["model_version"] == champion.version
+
+
+def test_parse_request_limits():
+    from pipeline.serve import BadRequest, parse_request
+
+    assert parse_request(b'{"texts": ["a", ""], "beam_size": 3}', 4, 10) == (["a", ""], 3)
+    assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], 4)
+    with pytest.raises(BadRequest) as err:
+        parse_request(b"x" * 100_000, 4, 10)
+    assert err.value.status == 413
+
+
+def test_build_app_checks_args_and_model(champion):
+    from pipeline.config import ConfigError
+    from pipeline.errors import UserError
+    from pipeline.serve import build_app
+
+    with pytest.raises(ConfigError, match="serve.max_batch_sizes"):
+        build_app({"max_batch_sizes": "4"})
+    with pytest.raises(ConfigError, match="serve.max_batch_size must be positive"):
+        build_app({"max_batch_size": "0"})
+    with pytest.raises(UserError, match="not in the registry"):
+        build_app({"model_uri": "models:/no-such-model@champion", "tracking_uri": champion.uri})
+
+
+def test_nmt_serve_command_serves_until_interrupted(champion, tmp_path):
+    """`nmt serve` in its own process and Ray instance: it answers, and Ctrl-C shuts it down with exit 0."""
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "serve", "--model", f"models:/{champion.model_name}@champion",
+         "--port", str(port), "--address", "local", "--set", f"tracking.tracking_uri={champion.uri}",
+         "--set", "serve.max_batch_size=4"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 240, process)
+        status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
+        assert status == 200 and len(body["translations"]) == 2
+        process.send_signal(signal.SIGINT)
+        assert process.wait(90) == 0
+    finally:
+        stop_process(process)
+        log.seek(0)
+        output = log.read()
+        log.close()
+    assert f"at http://127.0.0.1:{port}" in output, output[-3000:]
+
+
+def test_nmt_serve_with_a_missing_model_is_one_line(champion):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "serve", "--model", "models:/no-such-model@champion", "--set",
+         f"tracking.tracking_uri={champion.uri}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "not in the registry" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,196 @@
+"""`nmt submit` against a real `ray start --head` cluster with token authentication, stopped afterwards.
+
+The cluster runs in its own temp dir and process group, on free ports, so it never meets the
+session's in-process Ray (ray_session is not used here) or anything else on the machine: a
+bare `ray stop` would kill those too, so the head is stopped by signalling its process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port, stop_process, wait_http
+from small import ROOT, SMALL
+
+VENV_BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.timeout(900)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any Ray address or auth settings, plus extra."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
+                        "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is this venv's
+    env.update(extra)
+    return env
+
+
+def _processes_under(marker: str) -> list:
+    """Live processes whose command line names our cluster's temp dir (only ours can)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A one-node Ray cluster (2 CPUs, dashboard on 127.0.0.1) that requires a token of our own."""
+    import psutil
+
+    # Short and under /tmp: Ray's Unix socket paths inside it must stay under 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="nmt-ray-", dir="/tmp"))
+    token_file = root / "auth_token"
+    token_file.write_text(secrets.token_hex(32))
+    env = _clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+    dashboard = free_port()
+    ports = {flag: free_port() for flag in (
+        "--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+        "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")}
+    command = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+               "--num-cpus", "2", "--temp-dir", str(root / "ray"), "--include-dashboard", "true",
+               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+               "--object-store-memory", str(256 * 1024**2), "--disable-usage-stats",
+               *(str(x) for pair in ports.items() for x in pair)]
+    log = open(root / "head.log", "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                               start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_http(f"{address}/api/gcs_healthz", 240, process)
+        yield types.SimpleNamespace(address=address, root=root, token=token_file.read_text(), env=env,
+                                    token_file=token_file)
+    finally:
+        stop_process(process, timeout_s=60)
+        log.close()
+        deadline = time.monotonic() + 30
+        while (left := _processes_under(str(root))) and time.monotonic() < deadline:
+            for proc in left:
+                try:
+                    proc.send_signal(signal.SIGKILL if time.monotonic() > deadline - 20 else signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(1)
+        left = _processes_under(str(root))
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"Ray processes of the test cluster still alive: {[p.pid for p in left]}"
+
+
+def _submit(args: list[str], env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "submit", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=timeout_s)
+
+
+def _job(cluster, job_id: str) -> dict:
+    """The job's record from the Jobs REST API, with our token (not this process's Ray settings)."""
+    request = urllib.request.Request(f"{cluster.address}/api/jobs/{job_id}",
+                                     headers={"Authorization": f"Bearer {cluster.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_submitted_training_succeeds_and_logs_to_mlflow(cluster, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = [*SMALL, "train.epochs=1", f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+            f"tracking.tracking_uri={uri}", "tracking.experiment=nmt-submit", "tracking.register=false"]
+    started = time.monotonic()
+    result = _submit(["--address", cluster.address, "--follow", "--no-pip", "--", "nmt", "train",
+                      "--config", "configs/demo.yaml", *(x for s in sets for x in ("--set", s))], cluster.env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    job_id = re.search(r"job (raysubmit_\w+) submitted", result.stderr).group(1)
+    assert f"job {job_id} SUCCEEDED" in result.stderr
+    assert "best val_bleu" in result.stdout  # the job's own output, streamed here
+    job = _job(cluster, job_id)
+    assert job["status"] == "SUCCEEDED"
+    assert job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == uri
+    assert "--set tracking.tracking_uri=" in job["entrypoint"]
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("nmt-submit").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert "val_bleu" in runs[0].data.metrics
+    print(f"submitted training job took {time.monotonic() - started:.0f}s")
+
+
+def test_failing_job_exits_non_zero(cluster, tmp_path):
+    result = _submit(["--address", cluster.address, "--follow", "--no-pip", "--", "prepare", "--set",
+                      "data.source=files", "--set", f"data.path={tmp_path / 'missing'}", "--set",
+                      f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"], cluster.env)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "FAILED" in result.stderr
+    assert "is not a directory" in result.stdout  # the job's error, streamed here
+
+
+def test_bad_command_is_refused_before_submitting():
+    result = _submit(["--address", "http://127.0.0.1:1", "--", "train", "--set", "train.epochz=1"], _clean_env())
+    assert result.returncode == 2
+    assert "train.epochz" in result.stderr and "did you mean 'train.epochs'" in result.stderr
+    assert "Traceback" not in result.stderr and "submitted" not in result.stderr
+
+
+def test_cluster_refuses_missing_or_wrong_token(cluster, tmp_path):
+    command = ["--address", cluster.address, "--no-pip", "--", "prepare"]
+    no_token = _submit(command, _clean_env(HOME=str(tmp_path)), timeout_s=120)  # no ~/.ray/auth_token there
+    assert no_token.returncode == 2, no_token.stderr
+    assert "requires a Ray auth token and none was found" in no_token.stderr
+    assert "RAY_AUTH_TOKEN" in no_token.stderr and "Traceback" not in no_token.stderr
+
+    wrong = _submit(command, _clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="not-the-token"), timeout_s=120)
+    assert wrong.returncode == 2, wrong.stderr
+    assert "refused the auth token from RAY_AUTH_TOKEN" in wrong.stderr and "Traceback" not in wrong.stderr
+
+    token_but_no_mode = _submit(command, _clean_env(RAY_AUTH_TOKEN_PATH=str(cluster.token_file)), timeout_s=120)
+    assert token_but_no_mode.returncode == 2
+    assert "set RAY_AUTH_MODE=token" in token_but_no_mode.stderr
+
+
+def test_nothing_listening_is_a_clear_error():
+    result = _submit(["--address", f"http://127.0.0.1:{free_port()}", "--", "prepare"], _clean_env(), timeout_s=120)
+    assert result.returncode == 2
+    assert "nothing answers at http://127.0.0.1:" in result.stderr and "Traceback" not in result.stderr
+    missing = _submit(["--", "prepare"], _clean_env(), timeout_s=120)
+    assert missing.returncode == 2 and "no cluster address" in missing.stderr
+
+
+def test_plan_passes_paths_and_store_explicitly(tmp_path, monkeypatch):
+    from pipeline.submit import EXCLUDES, plan, requirements
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    job = plan(["nmt", "train", "--config", str(ROOT / "configs" / "demo.yaml")], "http://127.0.0.1:8265")
+    assert job.entrypoint.startswith("python -m pipeline train --config configs/demo.yaml ")
+    assert f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}" in job.entrypoint  # relative made absolute
+    assert f"train.storage_path={tmp_path / 'runs'}" in job.entrypoint
+    assert job.runtime_env["working_dir"] == str(ROOT) and "/.venv/" in EXCLUDES
+    assert job.runtime_env["pip"]["packages"] == requirements() and not any(
+        r.startswith("ray") for r in requirements())
+    assert job.warnings == []
+    remote = plan(["train", "--set", "train.storage_path=s3://bucket/runs"], "http://10.0.0.5:8265", pip=False)
+    assert "pip" not in remote.runtime_env
+    assert any("MLflow store" in w for w in remote.warnings)
+    assert not any("train.storage_path" in w for w in remote.warnings)
+    with pytest.raises(Exception, match="outside the project"):
+        outside = tmp_path / "mine.yaml"
+        outside.write_text("train: {epochs: 1}\n")
+        plan(["train", "--config", str(outside)], "http://127.0.0.1:8265")

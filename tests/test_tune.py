@@ -1,0 +1,88 @@
+"""Ray Tune sweeps: bad spaces fail early, ASHA stops trials, MLflow parent/child runs, the best trial registered."""
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+from small import small_config
+
+from pipeline.cli import main
+from pipeline.config import ConfigError, load_config
+from pipeline.search_space import apply, load_space
+from pipeline.sweep import sweep
+
+BAD_SPACES = [
+    ("model.num_head: {choice: [2, 4]}\n", "unknown key 'model.num_head'; did you mean 'model.num_heads'?"),
+    ("model.num_heads: {normal: [2, 4]}\n", "unknown distribution 'normal'"),
+    ("model.d_model: {choice: [64, 128]}\nmodel.num_heads: {choice: [3, 4]}\n",
+     "space.yaml:2: model.num_heads 3 divides no d_model in [64, 128]"),
+    ("train.lr_scale: {loguniform: [0, 1]}\n", "loguniform needs low < high and low > 0"),
+    ("train.warmup_steps: {choice: [-5, 100]}\n", "train.warmup_steps must be positive"),
+    ("train.amp: {choice: [bf16, fp8]}\n", "train.amp must be one of"),
+    ("model.num_layers: 4\n", "needs exactly one distribution"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_SPACES)
+def test_bad_search_spaces_fail_before_anything_starts(tmp_path, capsys, text, message):
+    (tmp_path / "space.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_space(tmp_path / "space.yaml", load_config(None, ["model.d_model=64"]))
+    assert message in str(info.value)
+    assert main(["tune", "--space", str(tmp_path / "space.yaml"), "--set", "model.d_model=64",
+                 "--set", f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_shipped_spaces_parse_and_an_invalid_combination_is_reported_not_raised():
+    base = load_config("configs/demo.yaml")
+    for name in ("demo", "multi30k", "wmt14_base"):
+        assert load_space(f"tune_spaces/{name}.yaml", base)
+    cfg, problem = apply(base, {"model.num_heads": 3})
+    assert problem and "divisible by num_heads" in problem
+
+
+def test_sweep_stops_trials_early_tracks_parent_and_children_and_registers_the_best(ray_session, tmp_path):
+    # Tune's grid order varies the alphabetically first key fastest: a good learning rate runs
+    # first, so ASHA has a rung value to compare each hopeless one against.
+    (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 0.005]}\n"
+                                         "train.warmup_steps: {grid: [50, 100]}\n")
+    cfg = small_config(tmp_path, "train.num_workers=2", "train.max_steps=120", "train.val_interval=40",
+                       "train.epochs=100", "tune.grace_period=80", "tune.reduction_factor=2", "tune.search=grid",
+                       "tune.name=sweep-test", "tracking.experiment=tune-tests")
+    outcome = sweep(cfg, str(tmp_path / "space.yaml"))
+    by_status = {}
+    for trial in outcome.trials:
+        by_status.setdefault(trial["status"], []).append(trial)
+    assert len(outcome.trials) == 4 and not by_status.get("REJECTED")
+    assert by_status.get("STOPPED_EARLY"), [(t["params"], t["status"], t["steps"]) for t in outcome.trials]
+    assert all(t["steps"] < 120 for t in by_status["STOPPED_EARLY"])
+    # The champion is the trial with the best val_bleu.
+    valid = [t for t in outcome.trials if not math.isnan(t["val_bleu"]) and t["checkpoint_path"]]
+    best = max(valid, key=lambda t: t["val_bleu"])
+    assert outcome.best is best and best["params"]["train.lr_scale"] == 2.0 and best["val_bleu"] > 0
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    champion = client.get_model_version_by_alias(cfg.tracking.registered_model, "champion")
+    assert champion.run_id == best["run_id"]
+    # MLflow: one parent, one child per trial, nothing duplicated.
+    experiment = client.get_experiment_by_name("tune-tests")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("nmt.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == outcome.parent_run_id]
+    assert len(parents) == 1 and len(children) == 4 and len(runs) == 5
+    assert {r.data.tags["nmt.trial_id"] for r in children} == {t["trial_id"] for t in outcome.trials}
+    artifacts = {a.path for a in client.list_artifacts(outcome.parent_run_id)}
+    assert {"trials.csv", "best_config.yaml", "space.yaml", "val_bleu_vs_train_lr_scale.png"} <= artifacts
+    assert client.get_run(best["run_id"]).data.metrics["val_bleu"] > 0
+
+
+def test_an_invalid_sampled_combination_is_a_rejected_trial_not_a_crash(ray_session, tmp_path):
+    # randint heads pass the space check; the sampled 3 cannot split d_model=64.
+    (tmp_path / "space.yaml").write_text("model.num_heads: {randint: [3, 4]}\n")
+    cfg = small_config(tmp_path, "tune.num_samples=1", "tune.name=rejects", "tracking.experiment=tune-rejects")
+    outcome = sweep(cfg, str(tmp_path / "space.yaml"))
+    (trial,) = outcome.trials
+    assert trial["status"] == "REJECTED" and outcome.best is None and outcome.registered is None
+    run = MlflowClient(cfg.tracking.tracking_uri).get_run(trial["run_id"])
+    assert run.info.status == "KILLED" and "divisible by num_heads" in run.data.tags["rejected"]
