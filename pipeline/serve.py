@@ -8,6 +8,8 @@ and `serve deploy` build it through `build_app`, Serve's application builder.
 # its code names, so FastAPI could not resolve a string annotation such as "Request" in the replica.
 import asyncio
 import json
+import logging
+import os
 import sys
 import time
 from collections import defaultdict
@@ -45,7 +47,7 @@ async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
 
 def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str], int]:
     """(texts, beam_size) of a /translate body, or BadRequest saying what is wrong with it."""
-    if len(body) > max_texts * (max_chars + 8) * 4 + 4096:  # 4 bytes per character at most, JSON quoting aside
+    if len(body) > max_texts * (max_chars + 8) * 12 + 4096:  # \ud83d\ude00: 12 bytes of JSON for one character
         raise BadRequest(413, f"request body of {len(body)} bytes is too large")
     try:
         payload = json.loads(body)
@@ -136,6 +138,9 @@ class TranslationService:
         except asyncio.TimeoutError:
             return JSONResponse({"error": f"no translation within {self.request_timeout_s:g}s; the service is "
                                           f"overloaded, retry later"}, status_code=504, headers={"Retry-After": "1"})
+        except Exception as err:  # a bug, not the client's fault; still JSON, and the replica goes on
+            logging.getLogger("ray.serve").exception("translation failed")
+            return JSONResponse({"error": f"translation failed: {type(err).__name__}: {err}"}, status_code=500)
         return JSONResponse({"translations": translations, "model_version": self.version})
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)
@@ -198,6 +203,19 @@ def build_app(args: dict[str, Any] | None = None):
     return app_for(cfg.serve, tracking_uri)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before starting Ray when the port is taken: Serve's proxy would only log the failure and retry."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); choose another with --port, "
+                            f"or --host") from None
+
+
 def run(cfg: Config, address: str | None = None) -> int:
     """`nmt serve`: deploy on Ray, print the URL, block until Ctrl-C or SIGTERM, then shut Serve down."""
     import signal
@@ -210,6 +228,8 @@ def run(cfg: Config, address: str | None = None) -> int:
     check_reachable(uri)
     model_uri, version = resolve_model(uri, s.model_uri)  # fails fast, before Ray starts, when it is missing
     app = _bind(s, uri, model_uri, version)
+    if address == "local" or not (address or os.environ.get("RAY_ADDRESS")):  # Serve's proxy will run here
+        _check_port_free(s.host, s.port)
     ensure_ray(address)
 
     def _stop(signum, frame):

@@ -101,9 +101,11 @@ def _scheduler(cfg: Config):
 
     if cfg.tune.scheduler == "fifo":
         return FIFOScheduler()
-    # time_attr "step": rungs are counted in optimizer updates, whatever the epoch size.
-    return ASHAScheduler(time_attr="step", max_t=cfg.train.max_steps or 10**9, grace_period=cfg.tune.grace_period,
-                         reduction_factor=cfg.tune.reduction_factor)
+    # time_attr "step": rungs are counted in optimizer updates, whatever the epoch size. max_t lies
+    # beyond the last update, so a trial that reaches it ends on its own (checkpoint averaging,
+    # a clean Train shutdown) instead of being stopped by ASHA at its final report.
+    return ASHAScheduler(time_attr="step", max_t=(cfg.train.max_steps or 10**9) + 1,
+                         grace_period=cfg.tune.grace_period, reduction_factor=cfg.tune.reduction_factor)
 
 
 def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:

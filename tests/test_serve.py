@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -170,7 +171,8 @@ def test_nmt_serve_command_serves_until_interrupted(champion, tmp_path):
         [sys.executable, "-m", "pipeline", "serve", "--model", f"models:/{champion.model_name}@champion",
          "--port", str(port), "--address", "local", "--set", f"tracking.tracking_uri={champion.uri}",
          "--set", "serve.max_batch_size=4"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", 240, process)
         status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
