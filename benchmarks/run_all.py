@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["model_step.py", "batching.py", "prepare.py", "train_overhead.py"]
+SCRIPTS = ["model_step.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py"]
 
 
 def _table(results: dict[str, dict]) -> str:

@@ -78,6 +78,9 @@ def plan(command: list[str], address: str, pip: bool = True) -> Job:
     """Check the nmt command here, then build its entrypoint and runtime_env (no network)."""
     from .cli import build_parser
 
+    if not (PROJECT_ROOT / "pyproject.toml").is_file():
+        raise UserError(f"nmt submit uploads the project checkout as the job's working_dir, but {PROJECT_ROOT} "
+                        f"is not one (an installed copy?); run it from a clone installed with pip install -e")
     args = nmt_args(command)
     parsed = build_parser().parse_args(args)  # a bad command fails here, with argparse's message, exit 2
     warnings: list[str] = []

@@ -40,6 +40,44 @@ def _translate(port: int, payload) -> tuple[int, object]:
     return _request(port, "POST", f"{PREFIX}/translate", body)
 
 
+def test_nmt_serve_command_serves_until_interrupted(ray_session, champion, tmp_path):
+    """`nmt serve` in its own process: it answers, and Ctrl-C shuts Serve down and exits 0.
+
+    It joins the session's Ray instance (a second one costs half a minute on 2 cores), so it runs
+    before the `service` fixture below starts Serve there; its Ctrl-C leaves Serve shut down again.
+    """
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "pipeline", "serve", "--model", f"models:/{champion.model_name}@champion",
+               "--port", str(port), "--address", ray_session.get_runtime_context().gcs_address,
+               "--set", f"tracking.tracking_uri={champion.uri}", "--set", "serve.max_batch_size=4"]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                   env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 240, process)
+        status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
+        assert status == 200 and len(body["translations"]) == 2
+        process.send_signal(signal.SIGINT)
+        assert process.wait(90) == 0
+        with pytest.raises(OSError):  # Serve was shut down, its proxy with it
+            _request(port, "GET", "/healthz", timeout_s=5)
+    except BaseException:
+        print(log_path.read_text()[-3000:])
+        raise
+    finally:
+        stop_process(process)
+    assert f"at http://127.0.0.1:{port}" in log_path.read_text()
+
+
+def test_nmt_serve_with_a_missing_model_is_one_line(champion):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "serve", "--model", "models:/no-such-model@champion", "--set",
+         f"tracking.tracking_uri={champion.uri}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "not in the registry" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.fixture(scope="module")
 def service(ray_session, champion):
     """The champion served in-process under /nmt with small limits, so a burst overflows them."""
@@ -52,9 +90,10 @@ def service(ray_session, champion):
     cfg = ServeConfig(model_uri=f"models:/{champion.model_name}@champion", max_batch_size=8,
                       batch_wait_timeout_s=0.02, max_ongoing_requests=2, max_queued_requests=2,
                       request_timeout_s=90, max_texts=4, max_chars=200)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    quiet = {"log_level": "WARNING"}  # no access log line per request
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
     try:
-        serve.run(app_for(cfg, champion.uri), name="nmt-test", route_prefix=PREFIX)
+        serve.run(app_for(cfg, champion.uri), name="nmt-test", route_prefix=PREFIX, logging_config=quiet)
         yield port
     finally:
         serve.shutdown()
@@ -127,7 +166,7 @@ def test_burst_gets_200_or_503_and_nothing_is_lost(service):
         t.start()
     for t in threads:
         t.join(timeout=240)
-    counts = {s: statuses.count(s) for s in set(map(str, statuses))}
+    counts = {str(s): statuses.count(s) for s in set(statuses)}
     print(f"burst of 200 in {time.monotonic() - started:.1f}s: {counts}")
     assert len(statuses) == 200, counts
     assert set(statuses) <= {200, 503}, counts
@@ -161,35 +200,3 @@ def test_build_app_checks_args_and_model(champion):
         build_app({"max_batch_size": "0"})
     with pytest.raises(UserError, match="not in the registry"):
         build_app({"model_uri": "models:/no-such-model@champion", "tracking_uri": champion.uri})
-
-
-def test_nmt_serve_command_serves_until_interrupted(champion, tmp_path):
-    """`nmt serve` in its own process and Ray instance: it answers, and Ctrl-C shuts it down with exit 0."""
-    port = free_port()
-    log = open(tmp_path / "serve.log", "w+")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", "--model", f"models:/{champion.model_name}@champion",
-         "--port", str(port), "--address", "local", "--set", f"tracking.tracking_uri={champion.uri}",
-         "--set", "serve.max_batch_size=4"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", 240, process)
-        status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
-        assert status == 200 and len(body["translations"]) == 2
-        process.send_signal(signal.SIGINT)
-        assert process.wait(90) == 0
-    finally:
-        stop_process(process)
-        log.seek(0)
-        output = log.read()
-        log.close()
-    assert f"at http://127.0.0.1:{port}" in output, output[-3000:]
-
-
-def test_nmt_serve_with_a_missing_model_is_one_line(champion):
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "serve", "--model", "models:/no-such-model@champion", "--set",
-         f"tracking.tracking_uri={champion.uri}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 2
-    assert "not in the registry" in result.stderr and "Traceback" not in result.stderr

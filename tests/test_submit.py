@@ -77,7 +77,11 @@ def cluster():
                                start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        wait_http(f"{address}/api/gcs_healthz", 240, process)
+        try:
+            wait_http(f"{address}/api/gcs_healthz", 240, process)
+        except BaseException:
+            print((root / "head.log").read_text()[-3000:])
+            raise
         yield types.SimpleNamespace(address=address, root=root, token=token_file.read_text(), env=env,
                                     token_file=token_file)
     finally:
