@@ -114,6 +114,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16, help="concurrent closed-loop clients")
     parser.add_argument("--beam", type=int, default=4, help="beam size of every request")
     parser.add_argument("--batch", type=int, default=16, help="max_batch_size of the batched setting")
+    parser.add_argument("--wait", type=float, default=0.05, help="batch_wait_timeout_s (the service's default)")
     args = parser.parse_args()
 
     import ray
@@ -134,7 +135,7 @@ def main() -> int:
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             for name, batch in (("batched", args.batch), ("batch_1", 1)):
-                cfg = ServeConfig(model_uri=model_uri, max_batch_size=batch, batch_wait_timeout_s=0.01,
+                cfg = ServeConfig(model_uri=model_uri, max_batch_size=batch, batch_wait_timeout_s=args.wait,
                                   max_ongoing_requests=max(args.clients, batch) * 2,
                                   max_queued_requests=args.clients * 4, request_timeout_s=120)
                 serve.run(app_for(cfg, uri), name="bench", route_prefix="/")

@@ -7,12 +7,12 @@ bare `ray stop` would kill those too, so the head is stopped by signalling its p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,25 +39,43 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _processes_under(marker: str) -> list:
-    """Live processes whose command line names our cluster's temp dir (only ours can)."""
+def _ours(head_pid: int, marker: str) -> set:
+    """The head's process tree (workers rename themselves ray::..., so their command lines name nothing),
+    plus any process whose command line names our cluster's temp dir (only ours can)."""
     import psutil
 
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    found = set()
+    try:
+        head = psutil.Process(head_pid)
+        found |= {head, *head.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        pass
+    for proc in psutil.process_iter(["cmdline"]):
         try:
             if any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
+                found.add(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
 
 
+def _stop_cluster(process, marker: str) -> list[int]:
+    """SIGTERM the head's process group (Ray drains up to 30 s), then SIGKILL what is left; returns survivors."""
+    import psutil
+
+    tree = _ours(process.pid, marker)
+    stop_process(process, timeout_s=60)
+    _, alive = psutil.wait_procs([p for p in tree if p.is_running()], timeout=10)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    _, alive = psutil.wait_procs(alive, timeout=10)
+    return [p.pid for p in alive] + [p.pid for p in _ours(process.pid, marker) if p.pid != process.pid]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A one-node Ray cluster (2 CPUs, dashboard on 127.0.0.1) that requires a token of our own."""
-    import psutil
-
     # Short and under /tmp: Ray's Unix socket paths inside it must stay under 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="nmt-ray-", dir="/tmp"))
     token_file = root / "auth_token"
@@ -85,19 +103,10 @@ def cluster():
         yield types.SimpleNamespace(address=address, root=root, token=token_file.read_text(), env=env,
                                     token_file=token_file)
     finally:
-        stop_process(process, timeout_s=60)
+        survivors = _stop_cluster(process, str(root))
         log.close()
-        deadline = time.monotonic() + 30
-        while (left := _processes_under(str(root))) and time.monotonic() < deadline:
-            for proc in left:
-                try:
-                    proc.send_signal(signal.SIGKILL if time.monotonic() > deadline - 20 else signal.SIGTERM)
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(1)
-        left = _processes_under(str(root))
         shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"Ray processes of the test cluster still alive: {[p.pid for p in left]}"
+        assert not survivors, f"processes of the test cluster still alive: {survivors}"
 
 
 def _submit(args: list[str], env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess:
