@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline import checkpoint, tracking  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.evaluate import score_with_signatures  # noqa: E402
+from pipeline.plots import learning_curves  # noqa: E402
 from pipeline.train import train  # noqa: E402
 from pipeline.translator import Translator  # noqa: E402
 
@@ -47,28 +48,6 @@ def _test_scores(path: str, manifest, beam: int, alpha: float) -> dict:
     scores = score_with_signatures(hyps, test.column("tgt").to_pylist())
     return {**scores, "sentences": len(hyps), "decode_s": round(time.perf_counter() - started, 1),
             "examples": list(zip(test.column("src").to_pylist()[:3], hyps[:3]))}
-
-
-def _plot(history: dict[str, list[tuple[int, float]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key in ("train_loss", "val_loss"):
-        if history.get(key):
-            left.plot(*zip(*history[key]), label=key)
-    left.set_xlabel("update")
-    left.set_ylabel("label-smoothed loss per token")
-    left.legend()
-    if history.get("val_bleu"):
-        right.plot(*zip(*history["val_bleu"]), marker="o", color="tab:green")
-    right.set_xlabel("update")
-    right.set_ylabel("validation BLEU (cased, detok.)")
-    fig.suptitle("Multi30k en-de, Transformer-Tiny, 2 CPU workers")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> int:
@@ -115,7 +94,8 @@ def main() -> int:
         result["averaged"] = {"checkpoints": averaged[-1]["averaged"], "val_bleu": averaged[-1]["val_bleu"],
                               **_test_scores(averaged[-1]["path"], outcome.manifest, beam, alpha)}
     result["val_bleu_curve"] = [(s, round(v, 2)) for s, v in history["val_bleu"]]
-    _plot(history, Path(args.plot))
+    figure = learning_curves(history, "Multi30k en-de, Transformer-Tiny, 2 CPU workers")
+    figure.savefig(args.plot, dpi=110)
     text = json.dumps(result, indent=1, default=str)
     Path(args.out).write_text(text + "\n")
     print(json.dumps(result, default=str))
