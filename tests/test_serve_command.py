@@ -1,25 +1,38 @@
-"""`nmt serve` as a command: answers, then Ctrl-C shuts Serve down and exits 0.
-
-Held out of the suite: it failed in a clean-clone CI run (passed in the helper's runs); to be investigated.
-"""
+"""`nmt serve` as a command: prints its URL once ready, answers, then Ctrl-C shuts Serve down and exits 0."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import free_port, stop_process, wait_http
 from small import ROOT
 from test_serve import SENTENCES, _request
 
+pytestmark = pytest.mark.timeout(600)
+
+
+def _wait_for_line(log_path: Path, text: str, timeout_s: float, process) -> None:
+    """Poll the command's log until it prints text; fail if the process exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in log_path.read_text(errors="replace"):
+            return
+        if process.poll() is not None:
+            pytest.fail(f"`nmt serve` exited with {process.returncode} before printing {text!r}")
+        time.sleep(0.5)
+    pytest.fail(f"`nmt serve` did not print {text!r} within {timeout_s:.0f}s")
+
 
 def test_nmt_serve_command_serves_until_interrupted(ray_session, champion, tmp_path):
     """`nmt serve` in its own process: it answers, and Ctrl-C shuts Serve down and exits 0.
 
-    It joins the session's Ray instance (a second one costs half a minute on 2 cores), so it runs
-    before the `service` fixture below starts Serve there; its Ctrl-C leaves Serve shut down again.
+    It joins the session's Ray instance (a second one costs half a minute on 2 cores); test_serve.py's
+    module-scoped service has shut Serve down there before this file runs.
     """
     port = free_port()
     log_path = tmp_path / "serve.log"
@@ -30,7 +43,10 @@ def test_nmt_serve_command_serves_until_interrupted(ray_session, champion, tmp_p
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                    env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", 240, process)
+        # The URL line is the user's signal that the app is RUNNING; /healthz can answer a moment before
+        # serve.run returns, and a Ctrl-C then would interrupt the start-up instead of the service.
+        _wait_for_line(log_path, f"at http://127.0.0.1:{port}", 240, process)
+        wait_http(f"http://127.0.0.1:{port}/healthz", 30, process)
         status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
         assert status == 200 and len(body["translations"]) == 2
         process.send_signal(signal.SIGINT)
@@ -42,4 +58,4 @@ def test_nmt_serve_command_serves_until_interrupted(ray_session, champion, tmp_p
         raise
     finally:
         stop_process(process)
-    assert f"at http://127.0.0.1:{port}" in log_path.read_text()
+    assert "[serve] shutting down" in log_path.read_text()

@@ -1,0 +1,77 @@
+"""SIGKILL the `nmt tune` driver mid-sweep, rerun it with --resume: no finished work redone, no duplicate runs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+from small import ROOT, SMALL
+
+pytestmark = pytest.mark.timeout(1200)
+MAX_STEPS = 100
+
+
+def test_a_killed_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
+    (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 1.5]}\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
+               str(tmp_path / "space.yaml"), "--address", ray_session.get_runtime_context().gcs_address]
+    # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
+    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                 f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
+                 "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
+                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
+        command += ["--set", item]
+    client = MlflowClient(uri)
+
+    def trial_runs():
+        experiment = client.get_experiment_by_name("resume")
+        if experiment is None:
+            return []
+        return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("nmt.kind") == "trial"]
+
+    def steps(run_id, key):
+        return [m.step for m in client.get_metric_history(run_id, key)]
+
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log:
+        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and first.poll() is None:
+            runs = trial_runs()
+            finished = [r for r in runs if r.info.status == "FINISHED"]
+            # Validated (so checkpointed) at most twice of five: the kill lands well before it ends.
+            early = [r for r in runs if r.info.status == "RUNNING" and 0 < max(steps(r.info.run_id, "val_bleu"),
+                                                                                default=0) <= 40]
+            if finished and early:
+                break
+            time.sleep(1)
+        assert first.poll() is None, log_path.read_text()[-3000:]
+        assert finished and early, f"no kill point within the deadline:\n{log_path.read_text()[-3000:]}"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    finished_before = {r.data.tags["nmt.trial_id"]: r.info.run_id for r in trial_runs() if r.info.status == "FINISHED"}
+    history_before = {t: steps(run_id, "val_bleu") for t, run_id in finished_before.items()}
+    killed_run = early[0].info.run_id
+    checkpointed = max(steps(killed_run, "val_bleu"))
+
+    again = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    runs = trial_runs()
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs), \
+        [(r.info.run_name, r.info.status) for r in runs]  # no duplicate runs, both complete
+    for trial_id, run_id in finished_before.items():  # the finished trial was not trained again
+        assert steps(run_id, "val_bleu") == history_before[trial_id]
+    assert {r.info.run_id for r in runs} == {killed_run, *finished_before.values()}
+    # The killed trial continued from its checkpoint: updates before it were logged once, never redone.
+    train_steps = steps(killed_run, "train_loss")
+    assert max(train_steps) == MAX_STEPS
+    assert all(train_steps.count(s) == 1 for s in train_steps if s <= checkpointed), sorted(train_steps)
+    assert max(steps(killed_run, "val_bleu")) == MAX_STEPS
