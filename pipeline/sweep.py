@@ -134,7 +134,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     """
     from ray import tune
 
-    from .cluster import ensure_ray
+    from .cluster import ensure_ray, state_api_problem
     from .data import prepare
 
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
@@ -142,6 +142,9 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     space = load_space(space_path, cfg)  # a bad space fails here, before Ray or data
     space_text = Path(space_path).read_text(encoding="utf-8")
     ensure_ray(address)
+    if cfg.tune.scheduler == "asha" and (problem := state_api_problem()):
+        _say(f"warning: Ray's State API is unavailable ({problem}); trials ASHA stops early may keep their CPUs "
+             "and stall the sweep. Start Ray with its dashboard (the default of `ray start` and ray.init).")
     check_capacity(cfg, cfg.train.resource_wait_s)
     manifest = prepare(cfg.data, address=address)
     name = cfg.tune.name or default_sweep_name(cfg, space_text)

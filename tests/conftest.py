@@ -27,7 +27,9 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+        # The dashboard serves the State API, which Ray Train's placement-group cleaner needs to
+        # free the CPUs of a trial that ASHA stops early.
+        ray.init(num_cpus=2, include_dashboard=True, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
 

@@ -1,14 +1,15 @@
-"""ASHA in a real sweep: early stops, MLflow parent/child runs, the best trial registered as champion.
-
-Not yet part of the committed suite: the rung values need checking on a quiet machine.
-"""
+"""ASHA in a real sweep: early stops, MLflow parent/child runs, the best trial registered as champion."""
 
 import math
+
+import pytest
 
 from mlflow.tracking import MlflowClient
 from small import small_config
 
 from pipeline.sweep import sweep
+
+pytestmark = pytest.mark.timeout(1200)
 
 
 def test_sweep_stops_trials_early_tracks_parent_and_children_and_registers_the_best(ray_session, tmp_path):

@@ -1,16 +1,21 @@
 """`nmt demo --quick` end to end: Ray Data, a Tune sweep of Ray Train runs, MLflow registry, test BLEU."""
 
+import re
+
+import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
+
+pytestmark = pytest.mark.timeout(1500)
 
 
 def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(ray_session, tmp_path, capsys):
     assert main(["demo", "--quick", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "test BLEU" in out and "*best*" in out and "mlflow ui --backend-store-uri" in out
-    test_bleu = float(out.split("test BLEU ", 1)[1].split(",", 1)[0])
-    assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0
+    test_bleu = float(re.search(r"^test BLEU ([0-9.]+),", out, re.MULTILINE).group(1))
+    assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0; ~20 on a quiet machine
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     champion = client.get_model_version_by_alias("transformer-nmt", "champion")
     assert champion.version == "1"
