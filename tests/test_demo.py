@@ -18,7 +18,7 @@ def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(ray_session, tm
     assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0; ~20 on a quiet machine
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     champion = client.get_model_version_by_alias("transformer-nmt", "champion")
-    assert champion.version == "1"
+    assert str(champion.version) == "1"
     # A second run reuses the data and the finished sweep: nothing new to register.
     assert main(["demo", "--quick", "--workdir", str(tmp_path)]) == 0
     assert len(client.search_model_versions("name = 'transformer-nmt'")) == 1

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from mlflow.tracking import MlflowClient
 from small import small_config
 
