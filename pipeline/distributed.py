@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -82,8 +83,8 @@ class WorkerContext(abc.ABC):
         """Move the model to this worker's device and wrap it for data parallelism."""
 
     @abc.abstractmethod
-    def latest_checkpoint(self) -> str | None:
-        """A local directory holding the checkpoint to resume from, if any."""
+    def resume_candidates(self) -> Iterator[str]:
+        """Local directories of this run's checkpoints, newest first: the later ones are fallbacks."""
 
     @abc.abstractmethod
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
@@ -100,7 +101,7 @@ class RayContext(WorkerContext):
         context = ray.train.get_context()
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
-        self._restored: tempfile.TemporaryDirectory | None = None
+        self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
 
     def train_shard(self, data_path: str) -> pa.Table:
         import ray.train
@@ -117,13 +118,20 @@ class RayContext(WorkerContext):
 
         return ray.train.torch.prepare_model(model)
 
-    def latest_checkpoint(self) -> str | None:
+    def resume_candidates(self) -> Iterator[str]:
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return None
-        self._restored = tempfile.TemporaryDirectory(prefix="nmt-restore-")
+        latest = ray.train.get_checkpoint()
+        if latest is None:
+            return
+        yield self._download(latest)
+        # Asked for only when the latest cannot be loaded: the others Ray Train still keeps.
+        older = [r for r in ray.train.get_all_reported_checkpoints() if r.checkpoint.path != latest.path]
+        for reported in sorted(older, key=lambda r: r.metrics.get("step", -1), reverse=True):
+            yield self._download(reported.checkpoint)
+
+    def _download(self, checkpoint) -> str:
+        self._restored = tempfile.TemporaryDirectory(prefix="nmt-restore-")  # the previous one is deleted
         return checkpoint.to_directory(self._restored.name)
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
@@ -163,9 +171,8 @@ class TorchrunContext(WorkerContext):
             model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
-    def latest_checkpoint(self) -> str | None:
-        found = sorted(self.checkpoint_root.glob("checkpoint_*"))
-        return str(found[-1]) if found else None
+    def resume_candidates(self) -> Iterator[str]:
+        yield from (str(path) for path in sorted(self.checkpoint_root.glob("checkpoint_*"), reverse=True))
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         if checkpoint_dir:

@@ -76,19 +76,74 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     return run.info.run_id
 
 
-def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
-    """Log the numeric metrics of one report at its step."""
+def _metric_entries(metrics: dict[str, Any]) -> list:
+    """The numeric metrics of one report as MLflow entities at its step, stamped now."""
     import time
 
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     step = int(metrics.get("step", 0))
     now = int(time.time() * 1000)
-    entries = [mlflow.entities.Metric(k, float(v), now, step) for k, v in metrics.items()
-               if k not in STEP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [mlflow.entities.Metric(k, float(v), now, step) for k, v in metrics.items()
+            if k not in STEP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
+    """Log the numeric metrics of one report at its step."""
+    from mlflow.tracking import MlflowClient
+
+    entries = _metric_entries(metrics)
     if entries:
         MlflowClient(uri).log_batch(run_id, metrics=entries)
+
+
+class MetricLogger:
+    """Logs reports to MLflow without ever failing training: while the store is unreachable, reports
+    wait in a bounded buffer (with their original timestamps) and go out once it answers again."""
+
+    MAX_PENDING = 100_000  # metric entries; beyond it the oldest are dropped, and the gap is reported
+    BATCH = 1000  # MLflow's limit of metrics per log_batch call
+
+    def __init__(self, uri: str, run_id: str):
+        self.uri, self.run_id = uri, run_id
+        self.pending: list = []
+        self.dropped = 0
+        self.failing_since: float | None = None
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Queue one report's metrics and send everything queued, or keep it for the next try."""
+        import time
+
+        from mlflow.tracking import MlflowClient
+
+        self.pending.extend(_metric_entries(metrics))
+        if len(self.pending) > self.MAX_PENDING:
+            self.dropped += len(self.pending) - self.MAX_PENDING
+            del self.pending[: len(self.pending) - self.MAX_PENDING]
+        sent = 0
+        try:
+            client = MlflowClient(self.uri)
+            while self.pending:
+                client.log_batch(self.run_id, metrics=self.pending[: self.BATCH])
+                sent += min(self.BATCH, len(self.pending))
+                del self.pending[: self.BATCH]
+        except Exception as err:  # any store failure: training must go on
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+                _warn(f"cannot log metrics to {self.uri} ({type(err).__name__}: {str(err)[:200]}); training "
+                      "goes on and the metrics are kept until MLflow answers again")
+            return
+        if self.failing_since is not None:
+            lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
+            _warn(f"{self.uri} answers again after {time.monotonic() - self.failing_since:.0f}s: logged "
+                  f"{sent} delayed metric values{lost}")
+            self.failing_since, self.dropped = None, 0
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"[mlflow] warning: {message}", file=sys.stderr, flush=True)
 
 
 def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:
@@ -122,8 +177,15 @@ def report_callback(uri: str, run_id: str):
     from ray.train import UserCallback
 
     class MLflowReportCallback(UserCallback):
+        def __init__(self):
+            self.logger = MetricLogger(uri, run_id)
+
         def after_report(self, run_context, metrics, checkpoint):
+            # This process only logs metrics: an unreachable server should cost seconds per report,
+            # not MLflow's default minutes of retries that would stall the controller.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             if metrics:
-                log_metrics(uri, run_id, metrics[0])
+                self.logger.log(metrics[0])
 
     return MLflowReportCallback()

@@ -26,6 +26,7 @@ from .batching import collate, equalize_batch_count, token_budget_batches
 from .config import Config, config_from_dict
 from .data import load_manifest
 from .distributed import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
+from .errors import UserError
 from .evaluate import score
 from .translator import translate_ids
 
@@ -87,16 +88,34 @@ class Trainer:
         self.val_refs = val.column("tgt").to_pylist()
 
     def _restore(self) -> None:
-        directory = self.ctx.latest_checkpoint()
-        if directory is None:
+        """Resume from the newest checkpoint that loads; a corrupt or unsafe one is skipped with a warning."""
+        refused = []
+        for directory in self.ctx.resume_candidates():
+            try:  # every rank reads the same model file, so all ranks skip the same checkpoints
+                state = checkpoint.load(directory, map_location=self.ctx.device)
+            except UserError as err:
+                refused.append(str(err))
+                if self.ctx.is_main:
+                    _say(f"warning: {err}; falling back to the checkpoint before it")
+                continue
+            self._load_state(directory, state)
             return
-        state = checkpoint.load(directory, map_location=self.ctx.device)
+        if refused:
+            raise UserError(f"none of this run's {len(refused)} checkpoints can be loaded ({refused[-1]}); "
+                            "delete the run's directory under train.storage_path to start it over")
+
+    def _load_state(self, directory: str, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        rng = checkpoint.load_rng(directory, self.ctx.world_rank)
+        try:
+            rng = checkpoint.load_rng(directory, self.ctx.world_rank)
+        except Exception as err:  # a damaged RNG file only costs bit-exact resumption, not the run
+            _say(f"warning: rank {self.ctx.world_rank}'s RNG state in {directory} cannot be loaded "
+                 f"({type(err).__name__}); continuing with fresh random streams")
+            rng = None
         if rng is not None:
             checkpoint.set_rng_state(rng)
         if self.ctx.is_main:

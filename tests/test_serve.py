@@ -11,6 +11,8 @@ import time
 
 import pytest
 from conftest import free_port
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from small import ROOT
 
 pytestmark = pytest.mark.timeout(600)
@@ -139,6 +141,29 @@ def test_burst_gets_200_or_503_and_nothing_is_lost(service):
     assert len(statuses) == 200, counts
     assert set(statuses) <= {200, 503}, counts
     assert statuses.count(200) > 0 and statuses.count(503) > 0, counts
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+REQUESTS = st.one_of(
+    st.binary(max_size=200),  # anything at all
+    JSON.map(lambda value: json.dumps(value).encode()),  # any JSON
+    st.fixed_dictionaries({"texts": JSON}, optional={"beam_size": JSON}).map(lambda d: json.dumps(d).encode()),
+    # nearly right: real text (lone surrogates, control characters, emoji), odd beams, limits crossed
+    st.fixed_dictionaries({"texts": st.lists(st.text(max_size=230), max_size=6)},
+                          optional={"beam_size": st.integers(-3, 20)}).map(lambda d: json.dumps(d).encode()),
+)
+
+
+@settings(max_examples=120, deadline=None, database=None)
+@given(body=REQUESTS)
+def test_fuzzed_requests_get_200_or_a_json_4xx_never_a_5xx(service, body):
+    status, answer = _request(service, "POST", f"{PREFIX}/translate", body)
+    assert status == 200 or (400 <= status < 500 and isinstance(answer, dict) and "error" in answer), \
+        (status, answer, body[:300])
+    if status == 200:
+        assert isinstance(answer["translations"], list) and all(isinstance(t, str) for t in answer["translations"])
 
 
 def test_healthz(service, champion):
