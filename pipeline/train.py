@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from . import tracking
+from . import checkpoint, tracking
 from .config import Config
 from .data import Manifest, prepare
 from .distributed import TRAIN_COLUMNS
@@ -178,9 +178,17 @@ def publish(cfg: Config, uri: str, run_id: str, checkpoint, metrics: dict, manif
 
 
 def _best_checkpoint(result) -> tuple[Any, dict] | None:
-    """The kept checkpoint with the highest val_bleu (the averaged one if it won)."""
+    """The kept checkpoint with the highest val_bleu (the averaged one if it won) that still loads."""
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if "val_bleu" in m]
-    return max(scored, key=lambda cm: cm[1]["val_bleu"]) if scored else None
+    for candidate, metrics in sorted(scored, key=lambda cm: cm[1]["val_bleu"], reverse=True):
+        try:
+            with candidate.as_directory() as directory:
+                checkpoint.load(directory)
+        except UserError as err:  # damaged after it was reported: the next best one is published instead
+            print(f"[train] warning: {err}; publishing the next best checkpoint", file=sys.stderr, flush=True)
+            continue
+        return candidate, metrics
+    return None
 
 
 def _log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_file: str | None) -> None:

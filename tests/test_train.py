@@ -105,3 +105,62 @@ def test_more_workers_than_the_cluster_has_is_a_clear_error(ray_session, tmp_pat
     cfg = small_config(tmp_path, "train.num_workers=8")
     with pytest.raises(UserError, match=r"cannot fit 8 training workers x 1 CPU: it has 2 CPUs"):
         train(cfg)
+
+
+class Detonator:
+    """Unpickling this runs a shell command: what a crafted checkpoint would do without weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_corrupt_or_crafted_latest_checkpoint_falls_back_to_the_previous_one(ray_session, workdir, tmp_path,
+                                                                                capfd):
+    cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
+                       "train.keep_checkpoints=5")
+    manifest = prepare(cfg.data)
+    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
+    with pytest.raises(KeyboardInterrupt):  # three checkpoints, then stopped
+        train_loop(loop_config, StopAfter(tmp_path, stop_after=3))
+    first, second, third = sorted(tmp_path.glob("checkpoint_*"))
+    model_file = third / checkpoint.MODEL_FILE
+    model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated, as by a full disk
+    marker = tmp_path / "pwned"
+    torch.save({"model": Detonator(marker)}, second / checkpoint.MODEL_FILE)  # a crafted pickle
+    capfd.readouterr()
+    with pytest.raises(KeyboardInterrupt):  # resumes, writes one more checkpoint, stops
+        train_loop(loop_config, StopAfter(tmp_path, stop_after=1))
+    err = capfd.readouterr().err
+    assert not marker.exists()  # the pickle was refused, never run
+    assert err.count("falling back to the checkpoint before it") == 2, err[-3000:]
+    assert f"{third.name}/model.pt: cannot be loaded safely" in err and f"{second.name}/model.pt" in err
+    step = checkpoint.load(first)["progress"]["step"]
+    assert f"resumed from step {step} " in err
+    # Nothing loadable at all: a clear error instead of silently training from scratch.
+    directories = list(tmp_path.glob("checkpoint_*"))
+    for directory in directories:
+        (directory / checkpoint.MODEL_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match=f"none of this run's {len(directories)} checkpoints can be loaded"):
+        train_loop(loop_config, StopAfter(tmp_path))
+
+
+def test_on_ray_train_a_truncated_latest_checkpoint_falls_back_to_an_earlier_one(ray_session, tmp_path):
+    settings = ["train.run_name=fallback", "train.val_interval=5", "train.log_every=5", "train.average_last=1",
+                "train.epochs=100", "tracking.register=false"]
+    first = train(small_config(tmp_path, *settings, "train.max_steps=20"))
+    storage = Path(first.storage_path) / "fallback"
+    by_step = {checkpoint.load(d)["progress"]["step"]: d for d in storage.glob("checkpoint_*") if d.is_dir()}
+    assert max(by_step) == 20 and len(by_step) >= 2, sorted(by_step)
+    latest = by_step[20] / checkpoint.MODEL_FILE
+    latest.write_bytes(latest.read_bytes()[:1000])
+    second = train(small_config(tmp_path, *settings, "train.max_steps=30"))  # the same run, trained further
+    assert second.run_id == first.run_id
+    # Resumed from an earlier checkpoint, so update 20 was trained (and logged) a second time.
+    steps = [m.step for m in MlflowClient(small_config(tmp_path).tracking.tracking_uri).get_metric_history(
+        first.run_id, "train_loss")]
+    assert steps.count(20) == 2 and steps.count(30) == 1, sorted(steps)
