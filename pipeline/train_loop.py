@@ -105,6 +105,7 @@ class Trainer:
                             "delete the run's directory under train.storage_path to start it over")
 
     def _load_state(self, directory: str, state: dict) -> None:
+        """Model, optimizer, schedule, progress and this rank's RNG streams from a loaded checkpoint."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
