@@ -172,7 +172,8 @@ class TorchrunContext(WorkerContext):
         return model
 
     def resume_candidates(self) -> Iterator[str]:
-        yield from (str(path) for path in sorted(self.checkpoint_root.glob("checkpoint_*"), reverse=True))
+        found = sorted((p for p in self.checkpoint_root.glob("checkpoint_*") if p.is_dir()), reverse=True)
+        yield from map(str, found)
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         if checkpoint_dir:
