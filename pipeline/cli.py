@@ -231,5 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"nmt {args.command}: interrupted", file=sys.stderr)
+        hint = {"train": "; the same command again resumes from the last checkpoint",
+                "tune": "; the same command with --resume continues the sweep"}.get(args.command, "")
+        print(f"nmt {args.command}: interrupted{hint}", file=sys.stderr)
         return 130

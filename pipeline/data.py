@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import json
 import random
-import re
 import sys
 import time
 import unicodedata
@@ -28,12 +27,12 @@ from .tokenizer import Tokenizer, train_tokenizer
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
-_WHITESPACE = re.compile(r"\s+")
+WORD_CACHE = 200_000  # words whose ids an encoder keeps (a few tens of MB); rarer ones are encoded each time
 
 
 def normalize(text: str) -> str:
     """Unicode NFC, whitespace runs collapsed to one space, stripped."""
-    return _WHITESPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+    return " ".join(unicodedata.normalize("NFC", text).split())  # str.split: the same whitespace as \s
 
 
 def clean_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -56,7 +55,7 @@ class EncodeBatch:
                  filter_split: str):
         # One thread: Ray runs one encoder per CPU already, and SentencePiece's default (every
         # core for each list) would oversubscribe the machine.
-        self.tokenizer = Tokenizer(src_proto, tgt_proto, num_threads=1)
+        self.tokenizer = Tokenizer(src_proto, tgt_proto, num_threads=1, word_cache=WORD_CACHE)
         self.max_len, self.max_ratio, self.filter_split = max_len, max_ratio, filter_split
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:

@@ -95,9 +95,14 @@ class RayContext(WorkerContext):
     """Ray Train supplies the process group, the dataset shard and report()."""
 
     def __init__(self):
+        import logging
+
         import ray.train
         import ray.train.torch
+        from ray.train.v2._internal.execution import context as train_context
 
+        # Ray Train logs every report's full metrics dict at INFO; our own progress line says it better.
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
         context = ray.train.get_context()
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from .errors import UserError
+from .tracking import redact
 from .translator import Translator
 
 CHAMPION = "champion"
@@ -109,7 +111,7 @@ def promote(uri: str, name: str, version: str) -> None:
     try:
         client.get_model_version(name, str(version))
     except MlflowException:
-        raise UserError(f"registered model {name!r} has no version {version} in {uri}; "
+        raise UserError(f"registered model {name!r} has no version {version} in {redact(uri)}; "
                         f"list versions in the MLflow UI or with `mlflow models`") from None
     client.set_registered_model_alias(name, CHAMPION, str(version))
 
@@ -121,9 +123,12 @@ def load(uri: str, model_uri: str):
 
     _client(uri)
     try:
-        return mlflow.pyfunc.load_model(model_uri)
+        with warnings.catch_warnings():  # predict takes a DataFrame, a list or a str: no one type hint fits
+            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+            return mlflow.pyfunc.load_model(model_uri)
     except (MlflowException, OSError) as err:
-        raise UserError(f"cannot load model {model_uri!r} from {uri}: {str(err).splitlines()[0][:300]}") from None
+        reason = redact(str(err).splitlines()[0][:300])
+        raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {reason}") from None
 
 
 def _say(message: str) -> None:

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from .config import Config, ServeConfig, set_value
 from .errors import UserError
+from .tracking import redact
 
 DEFAULT_BEAM_SIZE = 4
 MAX_BEAM_SIZE = 16  # beam search cost grows with the beam; larger beams are for offline `nmt evaluate`
@@ -86,7 +87,7 @@ def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
     if version is not None:
         return f"models:/{version.name}/{version.version}", str(version.version)
     if model_uri.startswith("models:/"):
-        raise UserError(f"model {model_uri!r} is not in the registry at {tracking_uri}; register one with "
+        raise UserError(f"model {model_uri!r} is not in the registry at {redact(tracking_uri)}; register one with "
                         f"`nmt train` / `nmt promote`, or pass --model runs:/RUN_ID/model")
     return model_uri, model_uri
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from . import tracking
+from . import checkpoint, storage, tracking
 from .config import Config, config_from_dict
 from .errors import UserError
 from .search_space import apply, grid_size, load_space, to_tune
@@ -181,10 +182,13 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                                         max_concurrent_trials=max_concurrent(cfg)),
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
         )
+    # Ctrl-C raises KeyboardInterrupt here. Tune's own handler would instead end the sweep early and
+    # return its results as if it were complete (they cannot be told apart): nothing to register.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         results = tuner.fit()
-    except BaseException:
-        tracking.end_run(uri, parent, status="FAILED")
+    except BaseException as err:  # Ctrl-C marks the sweep KILLED; `nmt tune --resume` continues it
+        tracking.end_run(uri, parent, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     trials = _summarize(uri, cfg, results, space)
     best = _best(trials, cfg.tune.mode)
@@ -218,8 +222,9 @@ def _summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, An
                                "checkpoint_path": None, "steps": 0, "status": "ERROR" if result.error else "OK"}
         if history is not None and "val_bleu" in history:
             scored = history.dropna(subset=["val_bleu"])
-            if "checkpoint_path" in scored:
+            if "checkpoint_path" in scored:  # only checkpoints Ray Train has kept (ties may name a deleted one)
                 scored = scored.dropna(subset=["checkpoint_path"])
+                scored = scored.loc[scored["checkpoint_path"].map(_kept).astype(bool)]
             if len(scored):
                 top = scored.loc[scored["val_bleu"].idxmax() if cfg.tune.mode == "max" else scored["val_bleu"].idxmin()]
                 row.update(val_bleu=float(top["val_bleu"]), checkpoint_path=top.get("checkpoint_path"))
@@ -235,6 +240,11 @@ def _summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, An
             row["status"] = "STOPPED_EARLY"
         trials.append(row)
     return trials
+
+
+def _kept(checkpoint_path: str) -> bool:
+    """Whether a reported checkpoint is still there (not removed by train.keep_checkpoints)."""
+    return storage.exists(storage.join(checkpoint_path, checkpoint.MODEL_FILE))
 
 
 def _best(trials: list[dict], mode: str) -> dict | None:
@@ -268,7 +278,8 @@ def _log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: d
                                  t["status"], t is best, t["run_id"]])
         if best:
             files.append(Path(tmp) / "best_config.yaml")
-            files[-1].write_text(yaml.safe_dump(apply(cfg, best["params"])[0].to_dict(), sort_keys=False))
+            files[-1].write_text(tracking.redact(yaml.safe_dump(apply(cfg, best["params"])[0].to_dict(),
+                                                                sort_keys=False)))
         for key in space:
             fig, ax = plt.subplots(figsize=(4.5, 3.2))
             points = [(t["params"][key], t["val_bleu"]) for t in trials if not math.isnan(t["val_bleu"])]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,12 @@ from .errors import UserError
 
 RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating a duplicate
 STEP_KEYS = ("step",)
+_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the password of scheme://user:password@host
+
+
+def redact(text: str) -> str:
+    """text with every URI's password replaced by ***: for messages, MLflow params and logged configs."""
+    return _PASSWORD.sub(r"\1:***@", text)
 
 
 def resolve_tracking_uri(configured: str = "") -> str:
@@ -23,21 +31,51 @@ def resolve_tracking_uri(configured: str = "") -> str:
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    hide_run_links(uri)
     return uri
 
 
+def hide_run_links(uri: str) -> None:
+    """Stop MLflow printing "View run at <link>" when the link would carry the URI's password."""
+    if redact(uri) != uri:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, before any training, when an MLflow server does not answer."""
+    """Fail fast, before any training, when an MLflow server does not answer; create a new SQLite store."""
+    if uri.startswith("sqlite:///"):
+        _create_sqlite_store(uri)
     if not uri.startswith(("http://", "https://")):
         return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as response:
+    parts = urllib.parse.urlsplit(uri.rstrip("/"))
+    health = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], path=f"{parts.path}/health").geturl()
+    try:  # /health needs no credentials; urllib would take user:password@ for part of the host name
+        with urllib.request.urlopen(health, timeout=timeout_s) as response:
             if response.status == 200:
                 return
     except (urllib.error.URLError, OSError) as err:
-        raise UserError(f"MLflow tracking server {uri} is unreachable ({err}); start it or fix "
+        raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({err}); start it or fix "
                         f"MLFLOW_TRACKING_URI / tracking.tracking_uri") from None
-    raise UserError(f"MLflow tracking server {uri} answered /health with an error")
+    raise UserError(f"MLflow tracking server {redact(uri)} answered /health with an error")
+
+
+def _create_sqlite_store(uri: str) -> None:
+    """Create (or open) an SQLite store under a file lock next to it.
+
+    Two commands that start at once on a store that does not exist yet would both run MLflow's
+    schema migrations on it, and one of them would fail; the lock makes the second one wait.
+    """
+    import fcntl
+
+    from mlflow.tracking import MlflowClient
+
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # the tracking tables
+        client.search_registered_models(max_results=1)  # and the registry's
 
 
 def git_commit() -> str:
@@ -72,7 +110,7 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     items = sorted(params.items())
     for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
         client.log_batch(run.info.run_id, params=[
-            mlflow.entities.Param(k, str(v)[:6000]) for k, v in items[start: start + 100]])
+            mlflow.entities.Param(k, redact(str(v))[:6000]) for k, v in items[start: start + 100]])
     return run.info.run_id
 
 
@@ -130,12 +168,12 @@ class MetricLogger:
         except Exception as err:  # any store failure: training must go on
             if self.failing_since is None:
                 self.failing_since = time.monotonic()
-                _warn(f"cannot log metrics to {self.uri} ({type(err).__name__}: {str(err)[:200]}); training "
+                _warn(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {str(err)[:200]}); training "
                       "goes on and the metrics are kept until MLflow answers again")
             return
         if self.failing_since is not None:
             lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
-            _warn(f"{self.uri} answers again after {time.monotonic() - self.failing_since:.0f}s: logged "
+            _warn(f"{redact(self.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: logged "
                   f"{sent} delayed metric values{lost}")
             self.failing_since, self.dropped = None, 0
 
@@ -159,6 +197,7 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str
     """Mark the run finished (or FAILED / KILLED), with any last tags."""
     from mlflow.tracking import MlflowClient
 
+    hide_run_links(uri)  # also in Ray actors (trials), which do not share the driver's environment
     client = MlflowClient(uri)
     for key, value in (tags or {}).items():
         client.set_tag(run_id, key, value)

@@ -136,9 +136,12 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     trainer = build_trainer(cfg, manifest, run_name, storage_path,
                             callbacks=[tracking.report_callback(uri, run_id)])
     try:
-        result = trainer.fit()
-    except BaseException:
-        tracking.end_run(uri, run_id, status="FAILED")
+        try:
+            result = trainer.fit()
+        except SystemExit:  # Ray Train's Ctrl-C handler aborts the run, then exits: it was an interrupt
+            raise KeyboardInterrupt from None
+    except BaseException as err:  # Ctrl-C marks the run KILLED; a rerun of the command resumes it
+        tracking.end_run(uri, run_id, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     best = _best_checkpoint(result)
     metrics = best[1] if best else dict(result.metrics or {})
@@ -195,14 +198,15 @@ def _log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_f
     """The resolved config (and the file it came from) and the tokenizer, as run artifacts."""
     with tempfile.TemporaryDirectory() as tmp:
         resolved = Path(tmp) / "config.resolved.yaml"
-        resolved.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        resolved.write_text(tracking.redact(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
         tok_dir = Path(tmp) / "tokenizer"
         tok_dir.mkdir()
         manifest.tokenizer().save(tok_dir)
         manifest_file = Path(tmp) / "manifest.json"
         manifest_file.write_text(json.dumps(manifest.content, indent=2))
         paths: list[str | Path] = [resolved, manifest_file]
-        if config_file and os.path.isfile(config_file):
-            paths.append(config_file)
+        if config_file and os.path.isfile(config_file):  # a copy, with any password in a URI redacted
+            paths.append(Path(tmp) / Path(config_file).name)
+            paths[-1].write_text(tracking.redact(Path(config_file).read_text(encoding="utf-8")))
         tracking.log_artifacts(uri, run_id, paths)
         tracking.log_artifacts(uri, run_id, sorted(tok_dir.iterdir()), artifact_path="tokenizer")

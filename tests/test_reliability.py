@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import free_port
 from mlflow.tracking import MlflowClient
-from small import ROOT, small_config
+from small import ROOT, SMALL, small_config
 
 from pipeline.train import train
 
@@ -125,3 +125,39 @@ def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"MLflow tracking server {uri} is unreachable" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_server, tmp_path):
+    """Credentials in the tracking URI and in MLflow's environment variables are never echoed anywhere."""
+    import os
+    from pathlib import Path
+
+    password, token = "pw-0a1b2c3d4e5f", "tok-9f8e7d6c5b4a"
+    uri = mlflow_server.uri.replace("http://", f"http://alice:{password}@")  # the server ignores credentials
+    config = tmp_path / "secret.yaml"
+    config.write_text((ROOT / "configs" / "demo.yaml").read_text() + f"\ntracking:\n  tracking_uri: {uri}\n")
+    command = [sys.executable, "-m", "pipeline", "train", "--config", str(config),
+               "--address", ray_session.get_runtime_context().gcs_address]
+    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                 "tracking.experiment=secrets", "train.max_steps=10", "train.val_interval=10", "train.epochs=100"]:
+        command += ["--set", item]
+    env = {**os.environ, "MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_TRACKING_USERNAME": "alice",
+           "MLFLOW_TRACKING_TOKEN": token}
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    client = MlflowClient(mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
+    assert run.data.params["tracking.tracking_uri"] == mlflow_server.uri.replace("http://", "http://alice:***@")
+    texts = {"stdout": result.stdout, "stderr": result.stderr, "params": repr(run.data.params),
+             "tags": repr(run.data.tags)}
+    artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
+    session_logs = Path("/tmp/ray/session_latest/logs")  # Ray's own logs of this test session
+    for path in [*artifacts.rglob("*"), *session_logs.rglob("*")]:  # every artifact and every Ray log file
+        if path.is_file():
+            texts[str(path)] = path.read_bytes().decode("utf-8", "replace")
+    leaks = {where: [line[:300] for line in text.splitlines() if password in line or token in line][:3]
+             for where, text in texts.items() if password in text or token in text}
+    assert not leaks, leaks
+    logged = " ".join(texts)
+    assert "secret.yaml" in logged and "config.resolved.yaml" in logged  # both configs were logged, redacted

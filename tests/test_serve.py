@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -141,6 +143,64 @@ def test_burst_gets_200_or_503_and_nothing_is_lost(service):
     assert len(statuses) == 200, counts
     assert set(statuses) <= {200, 503}, counts
     assert statuses.count(200) > 0 and statuses.count(503) > 0, counts
+
+
+def _replica_rss(app_name: str) -> int:
+    """Resident memory of the app's one Translator replica process."""
+    import psutil
+    from ray.util.state import list_actors
+
+    (actor,) = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+                if a.class_name == f"ServeReplica:{app_name}:Translator"]
+    return psutil.Process(actor.pid).memory_info().rss
+
+
+def test_sustained_load_keeps_latency_bounded_refuses_overflow_and_memory_flat(service):
+    """LOAD_S seconds (default 60) of 8 clients against 2 ongoing + 2 queued: always more than it takes."""
+    seconds = float(os.environ.get("LOAD_S", "60"))
+    results: list[tuple[object, float]] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            started = time.monotonic()
+            try:
+                status, _ = _translate(service, {"texts": [SENTENCES[(k + i) % 2]], "beam_size": 2})
+            except OSError as err:
+                status = f"{type(err).__name__}: {err}"
+            with lock:
+                results.append((status, time.monotonic() - started))
+            if status == 503:
+                time.sleep(0.1)  # an impatient client: Retry-After asks for 1 s
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    rss = []  # the replica's memory once a second, from the 5th second on (after warm-up)
+    while time.monotonic() < stop:
+        time.sleep(1)
+        if stop - time.monotonic() < seconds - 5:
+            rss.append(_replica_rss("nmt-test"))
+    for t in threads:
+        t.join(timeout=120)
+    statuses = [s for s, _ in results]
+    counts = {str(s): statuses.count(s) for s in set(statuses)}
+    ok = sorted(latency for status, latency in results if status == 200)
+    refused = sorted(latency for status, latency in results if status == 503)
+    p99 = ok[int(0.99 * (len(ok) - 1))]
+    tenth = max(1, len(rss) // 10)
+    growth_mib = (statistics.median(rss[-tenth:]) - statistics.median(rss[:tenth])) / 2**20
+    print(f"{seconds:.0f}s of load: {counts}, 200 p50 {ok[len(ok) // 2]:.3f}s p99 {p99:.3f}s, "
+          f"503 p99 {refused[int(0.99 * (len(refused) - 1))] if refused else 0:.3f}s, "
+          f"replica RSS {rss[0] / 2**20:.0f} -> {rss[-1] / 2**20:.0f} MiB")
+    assert set(statuses) <= {200, 503}, counts  # nothing lost, no 5xx other than the overflow's 503
+    assert len(ok) > 10 * seconds / 60 and refused, counts
+    assert p99 < 5.0  # at most 4 requests wait at the replica, each well under a second
+    assert refused[-1] < 5.0  # overflow is answered at once, not after queueing
+    assert growth_mib < 64, [r // 2**20 for r in rss]
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

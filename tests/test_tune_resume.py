@@ -1,4 +1,4 @@
-"""SIGKILL the `nmt tune` driver mid-sweep, rerun it with --resume: no finished work redone, no duplicate runs."""
+"""Stop the `nmt tune` driver with SIGINT, then SIGKILL; --resume redoes no finished work, duplicates no runs."""
 
 import os
 import signal
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(1200)
 MAX_STEPS = 100
 
 
-def test_a_killed_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
+def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
     (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 1.5]}\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
@@ -36,31 +36,49 @@ def test_a_killed_sweep_driver_resumes_without_rerunning_finished_trials(ray_ses
     def steps(run_id, key):
         return [m.step for m in client.get_metric_history(run_id, key)]
 
-    log_path = tmp_path / "first.log"
-    with open(log_path, "w") as log:
-        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and first.poll() is None:
-            runs = trial_runs()
-            finished = [r for r in runs if r.info.status == "FINISHED"]
-            # Validated (so checkpointed) at most twice of five: the kill lands well before it ends.
-            early = [r for r in runs if r.info.status == "RUNNING" and 0 < max(steps(r.info.run_id, "val_bleu"),
-                                                                                default=0) <= 40]
-            if finished and early:
-                break
-            time.sleep(1)
-        assert first.poll() is None, log_path.read_text()[-3000:]
-        assert finished and early, f"no kill point within the deadline:\n{log_path.read_text()[-3000:]}"
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+    def run_until(args, ready, log_name, sig):
+        """Run the sweep command, send sig once ready(runs) says so; (exit status, log text)."""
+        log_path = tmp_path / log_name
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and proc.poll() is None and not ready(trial_runs()):
+                time.sleep(1)
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert ready(trial_runs()), f"no stop point within the deadline:\n{log_path.read_text()[-3000:]}"
+            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal (SIGINT), or a lost machine (SIGKILL)
+            proc.wait(180)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        return proc.returncode, log_path.read_text()
+
+    def validated(run):
+        return max(steps(run.info.run_id, "val_bleu"), default=0)
+
+    def finished_and_early(runs):
+        """A finished trial, and one validated (so checkpointed) at most twice of five."""
+        return (any(r.info.status == "FINISHED" for r in runs)
+                and any(r.info.status == "RUNNING" and 0 < validated(r) <= 40 for r in runs))
+
+    code, log = run_until(command, finished_and_early, "sigint.log", signal.SIGINT)
+    assert code == 130 and "nmt tune: interrupted; the same command with --resume" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    sweep_run = [r for r in client.search_runs([client.get_experiment_by_name("resume").experiment_id])
+                 if r.data.tags.get("nmt.kind") == "sweep"]
+    assert [r.info.status for r in sweep_run] == ["KILLED"]
     finished_before = {r.data.tags["nmt.trial_id"]: r.info.run_id for r in trial_runs() if r.info.status == "FINISHED"}
     history_before = {t: steps(run_id, "val_bleu") for t, run_id in finished_before.items()}
-    killed_run = early[0].info.run_id
+    (killed_run,) = [r.info.run_id for r in trial_runs() if r.info.status != "FINISHED"]
     checkpointed = max(steps(killed_run, "val_bleu"))
+
+    # Resumed, then killed outright once the interrupted trial has validated twice more.
+    code, log = run_until([*command, "--resume"], lambda runs: any(
+        r.info.run_id == killed_run and checkpointed + 40 <= validated(r) < MAX_STEPS for r in runs),
+        "sigkill.log", signal.SIGKILL)
+    assert code == -signal.SIGKILL
 
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
@@ -70,7 +88,7 @@ def test_a_killed_sweep_driver_resumes_without_rerunning_finished_trials(ray_ses
     for trial_id, run_id in finished_before.items():  # the finished trial was not trained again
         assert steps(run_id, "val_bleu") == history_before[trial_id]
     assert {r.info.run_id for r in runs} == {killed_run, *finished_before.values()}
-    # The killed trial continued from its checkpoint: updates before it were logged once, never redone.
+    # The interrupted trial continued from its checkpoints: updates before the first were logged once.
     train_steps = steps(killed_run, "train_loss")
     assert max(train_steps) == MAX_STEPS
     assert all(train_steps.count(s) == 1 for s in train_steps if s <= checkpointed), sorted(train_steps)

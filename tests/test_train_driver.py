@@ -1,0 +1,76 @@
+"""Stop the `nmt train` driver with SIGINT, then with SIGKILL; each rerun resumes one MLflow run to the end."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+from small import ROOT, SMALL
+
+pytestmark = pytest.mark.timeout(900)
+MAX_STEPS = 160
+
+
+def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run(ray_session, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "-m", "pipeline", "train", "--config", "configs/demo.yaml",
+               "--address", ray_session.get_runtime_context().gcs_address]
+    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                 f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",
+                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
+        command += ["--set", item]
+    client = MlflowClient(uri)
+
+    def runs():
+        experiment = client.get_experiment_by_name("driver")
+        return client.search_runs([experiment.experiment_id]) if experiment else []
+
+    def steps(key):
+        (run,) = runs()
+        return [m.step for m in client.get_metric_history(run.info.run_id, key)]
+
+    def run_until(sig, lowest, highest, log_name):
+        """Start the command, stop it with sig once its last validation (a checkpoint) is in [lowest, highest]."""
+        log_path = tmp_path / log_name
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            deadline, validated = time.monotonic() + 420, 0
+            while time.monotonic() < deadline and proc.poll() is None and not lowest <= validated <= highest:
+                time.sleep(0.5)
+                validated = max(steps("val_bleu"), default=0) if runs() else 0
+            assert proc.poll() is None, f"ended before the stop point:\n{log_path.read_text()[-3000:]}"
+            assert lowest <= validated <= highest, f"no stop point in time:\n{log_path.read_text()[-3000:]}"
+            os.killpg(proc.pid, sig)  # like Ctrl-C in a terminal (SIGINT), or a lost machine (SIGKILL)
+            proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        return proc.returncode, log_path.read_text(), validated
+
+    code, log, first_checkpoint = run_until(signal.SIGINT, 20, 60, "sigint.log")
+    assert code == 130 and "nmt train: interrupted; the same command again resumes" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    (run,) = runs()
+    assert run.info.status == "KILLED"
+
+    code, log, second_checkpoint = run_until(signal.SIGKILL, first_checkpoint + 40, MAX_STEPS - 40, "sigkill.log")
+    assert code == -signal.SIGKILL
+    assert "resumed from step" in log, log[-3000:]
+
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from step" in again.stderr
+    (run,) = runs()  # one MLflow run across the three commands, now complete
+    assert run.info.status == "FINISHED"
+    train_steps = steps("train_loss")
+    assert max(train_steps) == MAX_STEPS and max(steps("val_bleu")) == MAX_STEPS
+    # Work up to the first checkpoint was never redone; every update was done at least once.
+    assert all(train_steps.count(s) == 1 for s in train_steps if s <= first_checkpoint), sorted(train_steps)
+    assert set(range(5, MAX_STEPS + 1, 5)) <= set(train_steps)
+    versions = client.search_model_versions(f"run_id = '{run.info.run_id}'")
+    assert len(versions) == 1  # registered once, by the run that finished

@@ -1,0 +1,46 @@
+"""Two sweeps started at once against one SQLite MLflow store and one data directory: both complete."""
+
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+from small import ROOT, SMALL
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_two_sweeps_on_one_sqlite_store_at_once_both_complete(ray_session, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    procs = {}
+    for name, lr_scale in (("left", 2.0), ("right", 1.5)):
+        (tmp_path / f"{name}.yaml").write_text(f"train.lr_scale: {{grid: [{lr_scale}]}}\n")
+        command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
+                   str(tmp_path / f"{name}.yaml"), "--address", ray_session.get_runtime_context().gcs_address]
+        # Same store, experiment, registered model and prepared-data directory: every shared write races.
+        for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                     f"tracking.tracking_uri={uri}", "tracking.experiment=shared", f"tune.name={name}",
+                     "tune.search=grid", "tune.scheduler=fifo", "train.max_steps=40", "train.val_interval=20",
+                     "train.epochs=100"]:
+            command += ["--set", item]
+        procs[name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       cwd=ROOT)
+    logs = {name: proc.communicate(timeout=720)[0] for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"sweep {name}:\n{logs[name][-4000:]}"
+        assert "database is locked" not in logs[name], logs[name][-4000:]
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("shared")
+    runs = client.search_runs([experiment.experiment_id])
+    sweeps = {r.info.run_name: r for r in runs if r.data.tags.get("nmt.kind") == "sweep"}
+    trials = [r for r in runs if r.data.tags.get("nmt.kind") == "trial"]
+    assert set(sweeps) == {"left", "right"} and len(trials) == 2, [r.info.run_name for r in runs]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {t.data.tags["mlflow.parentRunId"] for t in trials} == {r.info.run_id for r in sweeps.values()}
+    for trial in trials:
+        assert max(m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")) == 40
+    model_name = trials[0].data.params["tracking.registered_model"]
+    versions = client.search_model_versions(f"name = '{model_name}'")
+    assert len(versions) == 2  # each sweep registered its best trial
+    assert client.get_model_version_by_alias(model_name, "champion").version in {v.version for v in versions}
