@@ -11,8 +11,10 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,8 +141,8 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     from .data import prepare
 
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    space = load_space(space_path, cfg)  # a bad space fails here, before MLflow, Ray or data
     tracking.check_reachable(uri)
-    space = load_space(space_path, cfg)  # a bad space fails here, before Ray or data
     space_text = Path(space_path).read_text(encoding="utf-8")
     ensure_ray(address)
     if cfg.tune.scheduler == "asha" and (problem := state_api_problem()):
@@ -182,14 +184,17 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                                         max_concurrent_trials=max_concurrent(cfg)),
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
         )
-    # Ctrl-C raises KeyboardInterrupt here. Tune's own handler would instead end the sweep early and
-    # return its results as if it were complete (they cannot be told apart): nothing to register.
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    handler = signal.getsignal(signal.SIGINT)
     try:
         results = tuner.fit()
+        if _interrupted(handler):
+            raise KeyboardInterrupt
     except BaseException as err:  # Ctrl-C marks the sweep KILLED; `nmt tune --resume` continues it
         tracking.end_run(uri, parent, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)
     trials = _summarize(uri, cfg, results, space)
     best = _best(trials, cfg.tune.mode)
     registered = None
@@ -240,6 +245,17 @@ def _summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, An
             row["status"] = "STOPPED_EARLY"
         trials.append(row)
     return trials
+
+
+def _interrupted(handler_before_fit) -> bool:
+    """Whether Ctrl-C ended Tuner.fit early.
+
+    Tune's Ctrl-C handler saves the sweep's state and makes fit() return its results as if the sweep
+    were complete; it also puts back the handler it replaced, and that is the only trace it leaves.
+    """
+    return (threading.current_thread() is threading.main_thread()
+            and os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
+            and signal.getsignal(signal.SIGINT) is handler_before_fit)
 
 
 def _kept(checkpoint_path: str) -> bool:
