@@ -144,7 +144,7 @@ def main(argv=None):
         "--data-dir", type=Path, default=default_data_dir(),
         help="folder with the Multi30k text files (default: $NMT_MULTI30K_DIR or ../shared/data/multi30k)",
     )
-    parser.add_argument("--repeat", type=int, default=8,
+    parser.add_argument("--repeat", type=int, default=32,
                         help="times the training split is repeated for the larger measurement (1: Multi30k only)")
     parser.add_argument("--runs", type=int, default=1,
                         help="timed runs per path and size; the first (cold for Ray) and the best are reported")
