@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -13,20 +14,32 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = ["model_step.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py"]
 
 
+def _flat(result: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, value) for every number or string, nested dicts included; lists are left out."""
+    rows: list[tuple[str, object]] = []
+    for key, value in result.items():
+        if isinstance(value, dict):
+            rows += _flat(value, f"{prefix}{key}.")
+        elif not isinstance(value, list):
+            rows.append((f"{prefix}{key}", value))
+    return rows
+
+
 def _table(results: dict[str, dict]) -> str:
-    """One section per benchmark: its headline numbers as key | value rows."""
-    lines = [f"Machine: {platform.machine()}, Python {platform.python_version()}", ""]
+    """One section per benchmark: every measure as a key | value row."""
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", ""]
     for name, result in results.items():
         lines += [f"### {name}", "", "| measure | value |", "|---|---|"]
-        for key, value in result.items():
-            if not isinstance(value, (dict, list)):
-                lines.append(f"| {key} | {value} |")
+        lines += [f"| {key} | {value} |" for key, value in _flat(result)]
         lines.append("")
     return "\n".join(lines)
 
 
 def main() -> int:
     """Run the scripts one after another (they would disturb each other's timings in parallel)."""
+    if sys.argv[1:] == ["--table"]:  # only rewrite results.md from results.json
+        (HERE / "results.md").write_text(_table(json.loads((HERE / "results.json").read_text())))
+        return 0
     results, failed = {}, []
     for script in sys.argv[1:] or SCRIPTS:
         print(f"[bench] {script} ...", file=sys.stderr, flush=True)
