@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +137,7 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
 
     trainer = build_trainer(cfg, manifest, run_name, storage_path,
                             callbacks=[tracking.report_callback(uri, run_id)])
+    handler = signal.getsignal(signal.SIGINT)
     try:
         try:
             result = trainer.fit()
@@ -143,6 +146,9 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     except BaseException as err:  # Ctrl-C marks the run KILLED; a rerun of the command resumes it
         tracking.end_run(uri, run_id, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
+    finally:  # Ray Train's handler outlives fit(); a later Ctrl-C (while publishing) would exit 0
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)
     best = _best_checkpoint(result)
     metrics = best[1] if best else dict(result.metrics or {})
     registered = None
