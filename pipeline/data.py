@@ -1,4 +1,4 @@
-"""Corpus preparation on Ray Data: read -> clean -> encode (SentencePiece actors) -> Parquet + manifest.
+"""Corpus preparation on Ray Data: read -> clean -> encode (SentencePiece) and write Parquet in Ray tasks -> manifest.
 
 The output directory is content-addressed (a hash of the source data and the data config),
 so re-running with identical inputs reuses it and any change prepares anew.
@@ -27,6 +27,7 @@ from .tokenizer import Tokenizer, train_tokenizer
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
+STATS_COLUMNS = ["split", "drop", "src_len", "tgt_len"]  # what the manifest's statistics need of each pair
 WORD_CACHE = 200_000  # words whose ids an encoder keeps (a few tens of MB); rarer ones are encoded each time
 
 
@@ -45,7 +46,7 @@ def clean_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class EncodeBatch:
-    """Ray Data actor: loads SentencePiece once, cleans and encodes both sides, marks what to drop.
+    """Cleans and encodes a batch of pairs and marks what to drop; SentencePiece loads once per instance.
 
     Length and ratio filters apply to filter_split only (training data); validation and test
     sets are kept whole, so scores stay comparable with published ones.
@@ -59,6 +60,7 @@ class EncodeBatch:
         self.max_len, self.max_ratio, self.filter_split = max_len, max_ratio, filter_split
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
+        """Every pair of the batch, cleaned and encoded, with its drop rule ("" = kept) and lengths."""
         batch = {**batch, **clean_batch(batch)}
         src_ids = self.tokenizer.encode_src(batch["src"].tolist())
         tgt_ids = self.tokenizer.encode_tgt(batch["tgt"].tolist())
@@ -78,6 +80,40 @@ class EncodeBatch:
             "tgt_ids": pa.array(tgt_ids, type=pa.list_(pa.int32())),
             "src_len": src_len, "tgt_len": tgt_len,
         })
+
+
+_encoder: tuple[dict, EncodeBatch] | None = None  # this process's encoder and the settings it was made with
+
+
+def encode_block(batch: dict[str, np.ndarray], settings: dict, out: str | None) -> pa.Table:
+    """Ray Data task: encode a block with this worker process's EncodeBatch, made once per tokenizer.
+
+    A task rather than an actor pool: Ray Data starts an actor pool afresh for every execution,
+    which costs several seconds per actor, while task workers are pooled and keep this encoder.
+    Given `out`, the task writes the kept pairs itself and returns only the statistics columns.
+    """
+    global _encoder
+    if _encoder is None or _encoder[0] != settings:
+        _encoder = (settings, EncodeBatch(**settings))  # one at a time: a new tokenizer replaces the old
+    encoded = _encoder[1](batch)
+    if out is None:
+        return encoded
+    write_shards(encoded, out)
+    return encoded.select(STATS_COLUMNS)
+
+
+def write_shards(encoded: pa.Table, out: str) -> None:
+    """Write the kept pairs of an encoded batch as one Parquet file per split, in <out>/<split>/.
+
+    A file is named after its first row, so the layout does not depend on scheduling, and a
+    batch that Ray Data retries after a worker failure overwrites its own file.
+    """
+    import pyarrow.compute as pc
+
+    kept = encoded.filter(pc.equal(encoded["drop"], ""))
+    for split in pc.unique(kept["split"]).to_pylist():
+        rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split", "drop"])
+        storage.write_table(storage.join(out, split, f"part-{rows['row'][0].as_py():010d}.parquet"), rows)
 
 
 @dataclass
@@ -214,52 +250,75 @@ def _save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
 
 def _stats_columns(block: pa.Table) -> pa.Table:
     """What the manifest's statistics need of a block of encoded pairs."""
-    return block.select(["split", "drop", "src_len", "tgt_len"])
+    return block.select(STATS_COLUMNS)
 
 
 def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
     """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
 
-    One pipeline rather than one per split: each Ray Data execution pays for starting its
-    actors, which on a small corpus costs more than the work itself.
+    One pipeline rather than one per split: each Ray Data execution has a fixed cost (planning,
+    scheduling, block metadata), which on a small corpus is more than the work itself.
     """
-    import pyarrow.compute as pc
+    import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
+    num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    blocks = []
+    for split, t in tables.items():
+        # "row" is the pair's line in its split: readers sort by it, so the order of the data
+        # (and so training) does not depend on how Ray Data scheduled the blocks.
+        t = (t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
+              .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64))))
+        # Slices become the blocks directly (a repartition would be an all-to-all shuffle); a
+        # block holds one split, so that it makes one Parquet file.
+        size = -(-t.num_rows // (cfg.num_shards or _num_blocks(t.num_rows, num_cpus)))
+        blocks += [t.slice(start, size) for start in range(0, t.num_rows, size)]
+    ds = ray.data.from_arrow(blocks)
+    settings = dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto, max_len=cfg.max_len,
+                    max_ratio=cfg.max_len_ratio, filter_split="train")
+    if cfg.dedup:
+        return _prepare_deduplicated(ds, settings, tables, cfg, out)
+    # One streaming pass: each task writes its block's shard itself and hands back only the
+    # statistics columns, so writing overlaps encoding and nothing large is materialised.
+    ds = ds.map_batches(encode_block, batch_format="numpy", batch_size=None,
+                        fn_kwargs={"settings": settings, "out": out})
+    return _split_entries(tables, pa.concat_tables(ray.get(ds.to_arrow_refs())), duplicates=0)
+
+
+def _num_blocks(rows: int, num_cpus: int) -> int:
+    """Blocks for a split: at most 50k pairs each, a whole number of waves over the CPUs, but not tiny."""
+    waves = -(-rows // (50_000 * num_cpus)) * num_cpus
+    return max(1, min(waves, rows // 10_000))
+
+
+def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: DataConfig, out: str) -> dict:
+    """Encode everything, drop exact duplicates of the training split with a distributed group-by, write."""
     import ray
     from ray.data.expressions import col
 
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # reproducible shards
-    context.enable_progress_bars = sys.stderr.isatty()  # bars in a terminal; in logs, our own lines
-    # "row" is the pair's line in its split: workers sort their shard by it, so a shard's
-    # order (and so training) does not depend on how Ray Data scheduled the blocks.
-    table = pa.concat_tables(
-        t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
-         .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-        for split, t in tables.items()
-    )
-    num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    # Slices of the table become the blocks directly: a repartition would be an all-to-all shuffle.
-    num_blocks = max(num_cpus, table.num_rows // 50_000 + 1)
-    size = -(-table.num_rows // num_blocks)
-    ds = ray.data.from_arrow([table.slice(start, size) for start in range(0, table.num_rows, size)])
-    ds = ds.map_batches(
-        EncodeBatch, batch_format="numpy", batch_size=4096,
-        fn_constructor_kwargs=dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto,
-                                   max_len=cfg.max_len, max_ratio=cfg.max_len_ratio, filter_split="train"),
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=num_cpus),
-    ).materialize()
+    encoded = ds.map_batches(encode_block, batch_format="numpy", batch_size=None,
+                             fn_kwargs={"settings": settings, "out": None}).materialize()
     # The few columns the manifest needs, cut from each block where it lives: a Ray Data pass
     # (select_columns) costs about 2 s of scheduling however small the data.
     select = ray.remote(_stats_columns)
-    stats = pa.concat_tables(ray.get([select.remote(block) for block in ds.to_arrow_refs()]))
-    kept = ds.filter(expr=col("drop") == "").drop_columns(["drop"])
-    duplicates = 0
-    if cfg.dedup:  # exact duplicates of the training split, found with a distributed group-by
-        train = kept.filter(expr=col("split") == "train")
-        before = train.count()
-        train = train.groupby(["src", "tgt"]).map_groups(lambda g: g.head(1), batch_format="pandas")
-        kept = kept.filter(expr=col("split") != "train").union(train).materialize()
-        duplicates = before - train.count()
+    stats = pa.concat_tables(ray.get([select.remote(block) for block in encoded.to_arrow_refs()]))
+    kept = encoded.filter(expr=col("drop") == "").drop_columns(["drop"])
+    train = (kept.filter(expr=col("split") == "train").groupby(["src", "tgt"])
+             .map_groups(lambda group: group.head(1), batch_format="pandas").materialize())
+    train_kept = int(((stats["split"].to_numpy(zero_copy_only=False) == "train")
+                      & (stats["drop"].to_numpy(zero_copy_only=False) == "")).sum())
+    entries = _split_entries(tables, stats, duplicates=train_kept - train.count())
+    for split in tables:
+        rows = (train if split == "train" else kept.filter(expr=col("split") == split)).drop_columns(["split"])
+        if cfg.num_shards:
+            rows = rows.repartition(cfg.num_shards)
+        rows.write_parquet(storage.join(out, split))
+    return entries
+
+
+def _split_entries(tables: dict[str, pa.Table], stats: pa.Table, *, duplicates: int) -> dict:
+    """The manifest's entry per split: pairs kept, drops per rule, token statistics."""
+    import pyarrow.compute as pc
 
     entries = {}
     for split, raw in tables.items():
@@ -282,11 +341,4 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
             "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
             "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
         }
-
-    if cfg.num_shards:
-        kept = kept.repartition(cfg.num_shards * len(tables))
-    kept.write_parquet(out, partition_cols=["split"])
-    # Hive-style split=<name> directories become plain <name> ones, the layout readers expect.
-    for split in tables:
-        storage.rename(storage.join(out, f"split={split}"), storage.join(out, split))
     return entries

@@ -53,6 +53,15 @@ def write_bytes(path: str, data: bytes) -> None:
     os.replace(tmp, target)
 
 
+def write_table(path: str, table) -> None:
+    """Write a pyarrow Table as one Parquet file, creating its directory (local path or URI)."""
+    import pyarrow.parquet as pq
+
+    fs, inner = _resolve(path)
+    fs.create_dir(os.path.dirname(inner), recursive=True)  # inner paths use "/" for URIs too
+    pq.write_table(table, inner, filesystem=fs)
+
+
 def temporary_sibling(path: str) -> str:
     """A fresh path next to path, for writing a directory before publishing it under its real name."""
     parent, name = os.path.split(str(path).rstrip("/"))

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -84,6 +85,47 @@ def test_demo_corpus_is_prepared_with_its_statistics(ray_session, tmp_path):
     written = tmp_path / manifest.path.rsplit("/", 1)[-1] / "manifest.json"
     assert json.loads(written.read_text())["source"] == "demo"
     assert load_manifest(manifest.path).sha256 == manifest.sha256
+
+
+def _shards(manifest, split: str) -> dict[str, object]:
+    """File name -> table of each Parquet shard of a split."""
+    directory = Path(manifest.split_dir(split))
+    return {f.name: pq.read_table(f) for f in sorted(directory.glob("*.parquet"))}
+
+
+def test_num_shards_sets_the_files_per_split_and_the_same_inputs_write_the_same_files(ray_session, tmp_path):
+    cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000, num_shards=3,
+                     demo_sizes={"train": 3000, "validation": 200, "test": 200})
+    first = {split: _shards(prepare(cfg), split) for split in ("train", "validation", "test")}
+    again = prepare(cfg, force=True)
+    for split, shards in first.items():
+        assert len(shards) == 3
+        rows = sorted(row for table in shards.values() for row in table.column("row").to_pylist())
+        assert rows == list(range(again.content["splits"][split]["read"]))  # every pair once, none dropped
+        second = _shards(again, split)
+        assert list(second) == list(shards)  # names do not depend on scheduling
+        assert all(second[name].equals(table) for name, table in shards.items())
+
+
+def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    # Three copies of one pair once cleaned (the second differs only in spacing), two of another.
+    en = ["a cat sat here", "a  cat sat here", "a dog ran far", "a cat sat here", "a dog ran far", "the end"]
+    de = ["eine katze sass", "eine katze sass ", "ein hund lief", "eine katze sass", "ein hund lief", "das ende"]
+    for stem, n in (("train", 6), ("val", 4)):
+        (corpus / f"{stem}.en").write_text("\n".join(en[:n]) + "\n", encoding="utf-8")
+        (corpus / f"{stem}.de").write_text("\n".join(de[:n]) + "\n", encoding="utf-8")
+    cfg = DataConfig(source="files", path=str(corpus), output_dir=str(tmp_path / "out"), vocab_size=60,
+                     dedup=True, num_shards=2, splits={"train": "train", "validation": "val"})
+    manifest = prepare(cfg)
+    splits = manifest.content["splits"]
+    assert splits["train"]["dropped"]["duplicate"] == 3 and splits["train"]["pairs"] == 3
+    train = pq.read_table(manifest.split_dir("train")).sort_by("row")
+    assert train.column("src").to_pylist() == ["a cat sat here", "a dog ran far", "the end"]
+    assert len(list(Path(manifest.split_dir("train")).glob("*.parquet"))) <= 2
+    assert splits["validation"]["pairs"] == 4 and splits["validation"]["dropped"]["duplicate"] == 0
+    assert pq.read_table(manifest.split_dir("validation")).num_rows == 4
 
 
 @pytest.mark.parametrize(
