@@ -62,10 +62,10 @@ class EncodeBatch:
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         """Every pair of the batch, cleaned and encoded, with its drop rule ("" = kept) and lengths."""
         batch = {**batch, **clean_batch(batch)}
-        src_ids = self.tokenizer.encode_src(batch["src"].tolist())
-        tgt_ids = self.tokenizer.encode_tgt(batch["tgt"].tolist())
-        src_len = np.fromiter(map(len, src_ids), dtype=np.int32, count=len(src_ids))
-        tgt_len = np.fromiter(map(len, tgt_ids), dtype=np.int32, count=len(tgt_ids))
+        src_ids = self.tokenizer.encode_src_array(batch["src"].tolist())
+        tgt_ids = self.tokenizer.encode_tgt_array(batch["tgt"].tolist())
+        src_len = np.diff(src_ids.offsets.to_numpy()).astype(np.int32)
+        tgt_len = np.diff(tgt_ids.offsets.to_numpy()).astype(np.int32)
         drop = batch["drop"]
         candidates = (drop == "") & (batch["split"] == self.filter_split)
         too_long = candidates & ((src_len > self.max_len) | (tgt_len > self.max_len))
@@ -76,9 +76,7 @@ class EncodeBatch:
         # which costs more than the encoding itself.
         return pa.table({
             "split": batch["split"], "row": batch["row"], "src": batch["src"], "tgt": batch["tgt"], "drop": drop,
-            "src_ids": pa.array(src_ids, type=pa.list_(pa.int32())),
-            "tgt_ids": pa.array(tgt_ids, type=pa.list_(pa.int32())),
-            "src_len": src_len, "tgt_len": tgt_len,
+            "src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": src_len, "tgt_len": tgt_len,
         })
 
 

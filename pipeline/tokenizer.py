@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections import ChainMap
 from collections.abc import Iterable, Sequence
+from itertools import islice, repeat
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import sentencepiece as spm
 
 from .errors import UserError
@@ -49,36 +53,67 @@ class Tokenizer:
 
     def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
         """Source sentences to subword ids (no bos/eos)."""
-        if self._words is not None:
-            return self._encode_words(self.src, self._words[0], texts)
-        return self.src.encode(list(texts), out_type=int, num_threads=self.num_threads)
+        return self._encode(self.src, 0, texts)
 
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
         """Target sentences to subword ids (no bos/eos)."""
-        if self._words is not None:
-            return self._encode_words(self.tgt, self._words[1], texts)
-        return self.tgt.encode(list(texts), out_type=int, num_threads=self.num_threads)
+        return self._encode(self.tgt, 1, texts)
 
-    def _encode_words(self, processor, cache: dict, texts: Sequence[str]) -> list[list[int]]:
+    def encode_src_array(self, texts: Sequence[str]) -> pa.ListArray:
+        """encode_src as an Arrow list<int32> array (built without a Python list per sentence)."""
+        return self._encode_array(self.src, 0, texts)
+
+    def encode_tgt_array(self, texts: Sequence[str]) -> pa.ListArray:
+        """encode_tgt as an Arrow list<int32> array."""
+        return self._encode_array(self.tgt, 1, texts)
+
+    def _encode(self, processor, side: int, texts: Sequence[str]) -> list[list[int]]:
+        if self._words is None:
+            return processor.encode(list(texts), out_type=int, num_threads=self.num_threads)
+        values, offsets = self._encode_words(processor, self._words[side], texts)
+        return [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def _encode_array(self, processor, side: int, texts: Sequence[str]) -> pa.ListArray:
+        if self._words is None:
+            return pa.array(self._encode(processor, side, texts), type=pa.list_(pa.int32()))
+        values, offsets = self._encode_words(processor, self._words[side], texts)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+    def _encode_words(self, processor, cache: dict, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The same ids as processor.encode, from each space-separated word's ids, encoded once.
+
+        Returns all sentences' ids end to end and the offsets where each sentence starts (and
+        where the last ends).
 
         Exact for the models trained here: SentencePiece splits at spaces before it segments
         (split_by_whitespace), drops extra spaces and normalises nothing ("identity"), so a
         sentence's ids are its words' ids in order. Corpora repeat words far more often than
         they add new ones, which makes this several times faster than encoding every sentence.
         """
-        out = []
-        for text in texts:
-            ids: list[int] = []
-            for word in text.split(" "):
-                found = cache.get(word)
-                if found is None:
-                    found = processor.encode(word, out_type=int)
-                    if len(cache) < self._word_cache:
-                        cache[word] = found
-                ids += found
-            out.append(ids)
-        return out
+        # The per-word work runs in C (one split, set difference, map, chain); only the
+        # grouping into sentences loops in Python. " ".join + split(" ") gives exactly each
+        # text's split(" ") in turn, so the word counts below line the words up again.
+        words = " ".join(texts).split(" ")
+        lookup = cache
+        missing = list(set(words).difference(cache))
+        if missing:
+            encoded = processor.encode(missing, out_type=int, num_threads=self.num_threads)
+            # Stored as packed int32 bytes: one b"".join then concatenates a whole batch's ids.
+            found = {word: np.array(ids, dtype=np.int32).tobytes() for word, ids in zip(missing, encoded)}
+            room = self._word_cache - len(cache)
+            if len(found) <= room:
+                cache.update(found)
+            else:  # the cache is full: keep what fits, look the rest up beside it for this call only
+                cache.update(dict(islice(found.items(), max(room, 0))))
+                lookup = ChainMap(found, cache)
+        pieces = list(map(lookup.__getitem__, words))
+        values = np.frombuffer(b"".join(pieces), dtype=np.int32)
+        # Sentence i's ids are values[offsets[i]:offsets[i + 1]]: word ends, then token ends.
+        word_ends = np.cumsum(np.fromiter(map(str.count, texts, repeat(" ")), dtype=np.int64, count=len(texts)) + 1)
+        token_ends = np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))) // 4
+        offsets = np.zeros(len(texts) + 1, dtype=np.int32)
+        offsets[1:] = token_ends[word_ends - 1] if len(texts) else []
+        return values, offsets
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Target ids back to detokenized text."""

@@ -37,6 +37,8 @@ def test_word_cache_gives_sentencepiece_ids_on_real_corpora(tokenizers):
     texts = texts + ODD
     assert cached.encode_src(texts) == plain.encode_src(texts)
     assert cached.encode_tgt(texts) == plain.encode_tgt(texts)  # again, now from the cache
+    assert cached.encode_tgt_array(texts).to_pylist() == plain.encode_tgt_array(texts).to_pylist() \
+        == plain.encode_tgt(texts)
     assert len(cached._words[0]) == 5000  # bounded: words beyond it are encoded, not stored
 
 
@@ -45,3 +47,4 @@ def test_word_cache_gives_sentencepiece_ids_on_real_corpora(tokenizers):
 def test_word_cache_gives_sentencepiece_ids_on_any_text(tokenizers, text):
     plain, cached, _ = tokenizers
     assert cached.encode_src([text, normalize(text)]) == plain.encode_src([text, normalize(text)])
+    assert cached.encode_src_array([text, "", text]).to_pylist() == plain.encode_src([text, "", text])
