@@ -45,14 +45,14 @@ class DataConfig:
     on_bad_utf8: str = "error"  # error | replace
     max_len: int = 128  # subword tokens per side, longer pairs are dropped
     max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
-    dedup: bool = False  # drop exact duplicate pairs in the training split
+    dedup: bool = False  # drop exact duplicate pairs in the training split (a distributed group-by)
     vocab_size: int = 8000  # SentencePiece vocabulary size (each side's, if not joint)
     tokenizer_type: str = "bpe"  # bpe | unigram
     joint_vocab: bool = True  # one vocabulary for both sides, so embeddings can be tied
     tokenizer_sample: int = 200_000  # sentences per side sampled to train SentencePiece
     character_coverage: float = 1.0  # SentencePiece: share of characters covered; 1.0 keeps all
     output_dir: str = "data/prepared"  # local path or storage URI
-    num_shards: int = 0  # Parquet files per split (at most); 0: one per 50k pairs or so
+    num_shards: int = 0  # Parquet files per split (at most); 0: about one per 50k pairs
 
 
 @dataclass
