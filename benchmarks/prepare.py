@@ -4,7 +4,7 @@ Prints one JSON object. Reads Multi30k with the shipped config (configs/multi30k
 trains its tokenizer once (untimed), then times, on the same tables and tokenizer:
 
 - ray: pipeline.data._prepare_splits (one streaming Ray Data pass: tasks clean and encode blocks
-  of up to 50k pairs with EncodeBatch, apply the length filters and write their own Parquet
+  of up to 100k pairs with EncodeBatch, apply the length filters and write their own Parquet
   shards; the statistics come back to the driver) on a Ray instance that is already started;
 - single_process: the same clean_batch, EncodeBatch and filters called on the driver in batches
   of 4096 rows, then the same statistics and Parquet written with pyarrow;
@@ -42,7 +42,7 @@ from pipeline.corpus import read_corpus  # noqa: E402
 from pipeline.data import EncodeBatch, _prepare_splits, _tokenizer_sample  # noqa: E402
 from pipeline.tokenizer import train_tokenizer  # noqa: E402
 
-BATCH_SIZE = 4096  # the single process's batches (Ray Data tasks encode whole blocks of up to 50k pairs)
+BATCH_SIZE = 4096  # the single process's batches (Ray Data tasks encode whole blocks of up to 100k pairs)
 TARGET_SPEEDUP, TARGET_ENCODE_PER_CORE = 1.5, 50_000
 
 
