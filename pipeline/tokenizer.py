@@ -90,9 +90,9 @@ class Tokenizer:
         sentence's ids are its words' ids in order. Corpora repeat words far more often than
         they add new ones, which makes this several times faster than encoding every sentence.
         """
-        # The per-word work runs in C (one split, set difference, map, chain); only the
-        # grouping into sentences loops in Python. " ".join + split(" ") gives exactly each
-        # text's split(" ") in turn, so the word counts below line the words up again.
+        # Every per-word step runs in C (split, set difference, map, b"".join); no Python
+        # loop over words or sentences. " ".join + split(" ") gives exactly each text's
+        # split(" ") in turn, so the per-text word counts below line the words up again.
         words = " ".join(texts).split(" ")
         lookup = cache
         missing = list(set(words).difference(cache))
