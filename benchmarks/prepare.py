@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.corpus import read_corpus  # noqa: E402
-from pipeline.data import EncodeBatch, _prepare_splits, _tokenizer_sample  # noqa: E402
+from pipeline.data import STATS_COLUMNS, EncodeBatch, _prepare_splits, _split_entries, _tokenizer_sample  # noqa: E402
 from pipeline.tokenizer import train_tokenizer  # noqa: E402
 
 BATCH_SIZE = 4096  # the single process's batches (Ray Data tasks encode whole blocks of up to 100k pairs)
@@ -72,28 +72,11 @@ def numpy_batches(table: pa.Table, size: int):
         yield {name: chunk.column(name).to_numpy(zero_copy_only=False) for name in chunk.column_names}
 
 
-def split_entries(stats: pa.Table) -> dict[str, dict]:
-    """Per split: pairs kept, drops per rule and token statistics, as the manifest records them."""
-    entries = {}
-    for split in pc.unique(stats["split"]).to_pylist():
-        mine = stats.filter(pc.equal(stats["split"], split))
-        drops = mine["drop"].to_numpy(zero_copy_only=False)
-        keep = drops == ""
-        src_len, tgt_len = mine["src_len"].to_numpy()[keep], mine["tgt_len"].to_numpy()[keep]
-        entries[split] = {
-            "pairs": int(keep.sum()), "dropped": {rule: int((drops == rule).sum()) for rule in set(drops) - {""}},
-            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
-            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
-            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
-        }
-    return entries
-
-
 def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) -> dict[str, int]:
     """Clean, encode, filter, count and write every split on the driver; returns pairs kept per split."""
     encoded = pa.concat_tables(pa.table(encoder(batch))
                                for batch in numpy_batches(with_split_column(tables), BATCH_SIZE))
-    entries = split_entries(encoded.select(["split", "drop", "src_len", "tgt_len"]))
+    entries = _split_entries(tables, encoded.select(STATS_COLUMNS), duplicates=0)  # the manifest's statistics
     kept = encoded.filter(pc.equal(encoded["drop"], "")).drop_columns(["drop"])
     for split in tables:
         rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split"])
