@@ -4,10 +4,11 @@ Prints one JSON object. Reads Multi30k with the shipped config (configs/multi30k
 trains its tokenizer once (untimed), then times, on the same tables and tokenizer:
 
 - ray: pipeline.data._prepare_splits (one streaming Ray Data pass: tasks clean and encode blocks
-  of up to 100k pairs with EncodeBatch, apply the length filters and write their own Parquet
-  shards; the statistics come back to the driver) on a Ray instance that is already started;
-- single_process: the same clean_batch, EncodeBatch and filters called on the driver in batches
-  of 4096 rows, then the same statistics and Parquet written with pyarrow;
+  of up to 100k pairs with EncodeBatch, 4096 pairs per call, apply the length filters and write
+  their own Parquet shards; length counts come back to the driver) on a Ray instance that is
+  already started;
+- single_process: the same encode_table (EncodeBatch, 4096 pairs per call) and length_counts on
+  the driver, then the same manifest statistics, and Parquet written with pyarrow;
 - encode: EncodeBatch.__call__ alone, in rows (sentence pairs) per CPU-second; SentencePiece
   encodes a list on all cores, so CPU time rather than wall time gives the per-core figure.
 
@@ -30,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -39,10 +39,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.corpus import read_corpus  # noqa: E402
-from pipeline.data import STATS_COLUMNS, EncodeBatch, _prepare_splits, _split_entries, _tokenizer_sample  # noqa: E402
+from pipeline.data import (  # noqa: E402
+    ENCODE_PAIRS,
+    EncodeBatch,
+    _prepare_splits,
+    _split_entries,
+    _tokenizer_sample,
+    encode_table,
+    labeled_splits,
+    length_counts,
+    numpy_batches,
+)
 from pipeline.tokenizer import train_tokenizer  # noqa: E402
 
-BATCH_SIZE = 4096  # the single process's batches (Ray Data tasks encode whole blocks of up to 100k pairs)
 TARGET_SPEEDUP, TARGET_ENCODE_PER_CORE = 1.5, 50_000
 
 
@@ -56,27 +65,10 @@ def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
     return {split: pa.concat_tables([t] * times) if split == "train" else t for split, t in tables.items()}
 
 
-def with_split_column(tables: dict[str, pa.Table]) -> pa.Table:
-    """All splits in one table with "split" and "row" (line in its split) columns, as _prepare_splits builds it."""
-    return pa.concat_tables(
-        t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
-         .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-        for split, t in tables.items()
-    )
-
-
-def numpy_batches(table: pa.Table, size: int):
-    """Slices of `size` rows as dicts of NumPy arrays, the form map_batches(batch_format="numpy") gives."""
-    for start in range(0, table.num_rows, size):
-        chunk = table.slice(start, size)
-        yield {name: chunk.column(name).to_numpy(zero_copy_only=False) for name in chunk.column_names}
-
-
 def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) -> dict[str, int]:
     """Clean, encode, filter, count and write every split on the driver; returns pairs kept per split."""
-    encoded = pa.concat_tables(pa.table(encoder(batch))
-                               for batch in numpy_batches(with_split_column(tables), BATCH_SIZE))
-    entries = _split_entries(tables, encoded.select(STATS_COLUMNS), duplicates=0)  # the manifest's statistics
+    encoded = encode_table(pa.concat_tables(labeled_splits(tables)), encoder)
+    entries = _split_entries(tables, length_counts(encoded), duplicates=0)  # the manifest's statistics
     kept = encoded.filter(pc.equal(encoded["drop"], "")).drop_columns(["drop"])
     for split in tables:
         rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split"])
@@ -87,7 +79,7 @@ def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) 
 
 def encode_only(tables: dict[str, pa.Table], encoder: EncodeBatch) -> dict:
     """EncodeBatch.__call__ alone on ready-made batches: wall and CPU seconds, rows per CPU-second."""
-    batches = list(numpy_batches(with_split_column(tables), BATCH_SIZE))
+    batches = list(numpy_batches(pa.concat_tables(labeled_splits(tables)), ENCODE_PAIRS))
     rows = sum(len(b["src"]) for b in batches)
     wall, cpu = time.perf_counter(), time.process_time()  # process_time counts SentencePiece's threads too
     for batch in batches:
@@ -192,7 +184,7 @@ def main(argv=None):
     print(json.dumps({
         "benchmark": "prepare",
         "corpus": f"multi30k {cfg.src_lang}-{cfg.tgt_lang} (train, validation, test)",
-        "row": "one sentence pair", "batch_size": BATCH_SIZE, "runs": args.runs, "cpu_count": cpus,
+        "row": "one sentence pair", "batch_size": ENCODE_PAIRS, "runs": args.runs, "cpu_count": cpus,
         "sentencepiece_threads": cpus,  # it encodes a list on every core unless told otherwise
         "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
         "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},

@@ -27,10 +27,13 @@ from .tokenizer import Tokenizer, train_tokenizer
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
-STATS_COLUMNS = ["split", "drop", "src_len", "tgt_len"]  # what the manifest's statistics need of each pair
+STATS_KEYS = ["split", "drop", "src_len", "tgt_len"]  # the manifest's statistics count pairs by these
 # Pairs per Ray Data block (one task, one Parquet file). Large, because each task waits
-# ~0.2 s to be scheduled on a busy 2-core machine; 100k beat 25k and 50k at 930k pairs.
+# ~0.1-0.2 s to be scheduled on a busy 2-core machine; 100k beat 25k and 50k at 930k pairs.
 BLOCK_PAIRS = 100_000
+# Pairs per EncodeBatch call within a block: Python's lists of a few thousand strings stay in
+# the CPU caches, and one call on a whole 100k block took ~15% more CPU time.
+ENCODE_PAIRS = 4096
 WORD_CACHE = 200_000  # words whose ids an encoder keeps (a few tens of MB); rarer ones are encoded each time
 
 
@@ -86,21 +89,38 @@ class EncodeBatch:
 _encoder: tuple[dict, EncodeBatch] | None = None  # this process's encoder and the settings it was made with
 
 
-def encode_block(batch: dict[str, np.ndarray], settings: dict, out: str | None) -> pa.Table:
+def numpy_batches(table: pa.Table, size: int):
+    """Slices of `size` rows as dicts of NumPy arrays, the form EncodeBatch takes."""
+    for start in range(0, table.num_rows, size):
+        chunk = table.slice(start, size)
+        yield {name: chunk.column(name).to_numpy(zero_copy_only=False) for name in chunk.column_names}
+
+
+def encode_table(table: pa.Table, encoder: EncodeBatch) -> pa.Table:
+    """Every pair of the table cleaned, encoded and marked, ENCODE_PAIRS at a time."""
+    return pa.concat_tables(encoder(batch) for batch in numpy_batches(table, ENCODE_PAIRS))
+
+
+def length_counts(encoded: pa.Table) -> pa.Table:
+    """Pairs per (split, drop rule, source length, target length): what the manifest needs, in few rows."""
+    return encoded.group_by(STATS_KEYS, use_threads=False).aggregate([([], "count_all")])
+
+
+def encode_block(block: pa.Table, settings: dict, out: str | None) -> pa.Table:
     """Ray Data task: encode a block with this worker process's EncodeBatch, made once per tokenizer.
 
     A task rather than an actor pool: Ray Data starts an actor pool afresh for every execution,
     which costs several seconds per actor, while task workers are pooled and keep this encoder.
-    Given `out`, the task writes the kept pairs itself and returns only the statistics columns.
+    Given `out`, the task writes the kept pairs itself and returns only their length_counts.
     """
     global _encoder
     if _encoder is None or _encoder[0] != settings:
         _encoder = (settings, EncodeBatch(**settings))  # one at a time: a new tokenizer replaces the old
-    encoded = _encoder[1](batch)
+    encoded = encode_table(block, _encoder[1])
     if out is None:
         return encoded
     write_shards(encoded, out)
-    return encoded.select(STATS_COLUMNS)
+    return length_counts(encoded)
 
 
 def write_shards(encoded: pa.Table, out: str) -> None:
@@ -249,11 +269,6 @@ def _save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
     return paths
 
 
-def _stats_columns(block: pa.Table) -> pa.Table:
-    """What the manifest's statistics need of a block of encoded pairs."""
-    return block.select(STATS_COLUMNS)
-
-
 def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
     """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
 
@@ -264,16 +279,7 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
 
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    blocks = []
-    for split, t in tables.items():
-        # "row" is the pair's line in its split: readers sort by it, so the order of the data
-        # (and so training) does not depend on how Ray Data scheduled the blocks.
-        t = (t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
-              .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64))))
-        # Slices become the blocks directly (a repartition would be an all-to-all shuffle); a
-        # block holds one split, so that it makes one Parquet file.
-        size = -(-t.num_rows // (cfg.num_shards or _num_blocks(t.num_rows, num_cpus)))
-        blocks += [t.slice(start, size) for start in range(0, t.num_rows, size)]
+    blocks = _blocks(tables, cfg.num_shards, num_cpus)
     settings = dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto, max_len=cfg.max_len,
                     max_ratio=cfg.max_len_ratio, filter_split="train")
     if cfg.dedup:
@@ -286,38 +292,62 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
     reserve, context.op_resource_reservation_enabled = context.op_resource_reservation_enabled, False
     try:
         # One streaming pass: each task writes its block's shard itself and hands back only
-        # the statistics columns, so writing overlaps encoding and nothing large is materialised.
-        ds = ray.data.from_arrow(blocks).map_batches(encode_block, batch_format="numpy", batch_size=None,
+        # its length counts, so writing overlaps encoding and nothing large is materialised.
+        ds = ray.data.from_arrow(blocks).map_batches(encode_block, batch_format="pyarrow", batch_size=None,
                                                      fn_kwargs={"settings": settings, "out": out})
     finally:
         context.op_resource_reservation_enabled = reserve
-    stats = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-    return _split_entries(tables, stats, duplicates=0)
+    counts = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    return _split_entries(tables, counts, duplicates=0)
 
 
-def _num_blocks(rows: int, num_cpus: int) -> int:
-    """Blocks for a split: at most BLOCK_PAIRS each, a whole number of waves over the CPUs, not tiny."""
-    waves = -(-rows // (BLOCK_PAIRS * num_cpus)) * num_cpus
-    return max(1, min(waves, rows // 10_000))
+def labeled_splits(tables: dict[str, pa.Table]) -> list[pa.Table]:
+    """Each split with "split" (its name) and "row" (the pair's line in it) columns added."""
+    # "row" lets readers sort, so the order of the data (and so training) does not depend on
+    # how Ray Data scheduled the blocks.
+    return [t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
+             .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+            for split, t in tables.items()]
+
+
+def _blocks(tables: dict[str, pa.Table], num_shards: int | None, num_cpus: int) -> list[pa.Table]:
+    """The splits, with "split" and "row" columns, sliced into the Ray Data blocks (one task each).
+
+    Slices become the blocks directly: a repartition would be an all-to-all shuffle.
+    """
+    labeled = labeled_splits(tables)
+    if num_shards:  # files per split, as asked: each split is sliced on its own
+        return [block for t in labeled for block in _slices(t, num_shards)]
+    # All splits end to end in equal blocks, so the tasks take equally long and the small
+    # validation and test splits share a task with training pairs instead of costing one each.
+    whole = pa.concat_tables(labeled)
+    waves = -(-whole.num_rows // (BLOCK_PAIRS * num_cpus))  # at most BLOCK_PAIRS per block
+    return _slices(whole, max(1, min(waves * num_cpus, whole.num_rows // 10_000)))  # not tiny
+
+
+def _slices(table: pa.Table, count: int) -> list[pa.Table]:
+    """`count` slices of (nearly) equal size, fewer if the table is shorter."""
+    size = max(1, -(-table.num_rows // count))
+    return [table.slice(start, size) for start in range(0, table.num_rows, size)]
 
 
 def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: DataConfig, out: str) -> dict:
     """Encode everything, drop exact duplicates of the training split with a distributed group-by, write."""
+    import pyarrow.compute as pc
     import ray
     from ray.data.expressions import col
 
-    encoded = ds.map_batches(encode_block, batch_format="numpy", batch_size=None,
+    encoded = ds.map_batches(encode_block, batch_format="pyarrow", batch_size=None,
                              fn_kwargs={"settings": settings, "out": None}).materialize()
-    # The few columns the manifest needs, cut from each block where it lives: a Ray Data pass
-    # (select_columns) costs about 2 s of scheduling however small the data.
-    select = ray.remote(_stats_columns)
-    stats = pa.concat_tables(ray.get([select.remote(block) for block in encoded.to_arrow_refs()]))
+    # Counted where each block lives: a Ray Data pass costs about 2 s of scheduling however small the data.
+    count = ray.remote(length_counts)
+    counts = pa.concat_tables(ray.get([count.remote(block) for block in encoded.to_arrow_refs()]))
     kept = encoded.filter(expr=col("drop") == "").drop_columns(["drop"])
     train = (kept.filter(expr=col("split") == "train").groupby(["src", "tgt"])
              .map_groups(lambda group: group.head(1), batch_format="pandas").materialize())
-    train_kept = int(((stats["split"].to_numpy(zero_copy_only=False) == "train")
-                      & (stats["drop"].to_numpy(zero_copy_only=False) == "")).sum())
-    entries = _split_entries(tables, stats, duplicates=train_kept - train.count())
+    kept_train = counts.filter(pc.and_(pc.equal(counts["split"], "train"), pc.equal(counts["drop"], "")))
+    train_kept = pc.sum(kept_train["count_all"]).as_py() or 0
+    entries = _split_entries(tables, counts, duplicates=train_kept - train.count())
     for split in tables:
         rows = (train if split == "train" else kept.filter(expr=col("split") == split)).drop_columns(["split"])
         if cfg.num_shards:
@@ -326,22 +356,27 @@ def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: 
     return entries
 
 
-def _split_entries(tables: dict[str, pa.Table], stats: pa.Table, *, duplicates: int) -> dict:
-    """The manifest's entry per split: pairs kept, drops per rule, token statistics."""
+def _split_entries(tables: dict[str, pa.Table], counts: pa.Table, *, duplicates: int) -> dict:
+    """The manifest's entry per split from length_counts: pairs kept, drops per rule, token statistics.
+
+    Duplicates are not in the counts (they are found after encoding); their lengths are counted as kept.
+    """
     import pyarrow.compute as pc
 
     entries = {}
     for split, raw in tables.items():
-        mine = stats.filter(pc.equal(stats["split"], split))
-        drops = mine["drop"].to_numpy(zero_copy_only=False)
-        dropped = {rule: int((drops == rule).sum()) for rule in DROP_RULES}
+        mine = counts.filter(pc.equal(counts["split"], split))
+        drops, n = mine["drop"].to_numpy(zero_copy_only=False), mine["count_all"].to_numpy()
+        dropped = {rule: int(n[drops == rule].sum()) for rule in DROP_RULES}
         dropped["duplicate"] = duplicates if split == "train" else 0
         keep = drops == ""
-        pairs = int(keep.sum()) - dropped["duplicate"]
+        pairs = int(n[keep].sum()) - dropped["duplicate"]
         if pairs == 0:
             raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped}); "
                               f"relax data.max_len / data.max_len_ratio or check the corpus")
-        src_len, tgt_len = mine["src_len"].to_numpy()[keep], mine["tgt_len"].to_numpy()[keep]
+        # One value per pair again: exact statistics (a p99 too) from a few hundred counted rows.
+        src_len = np.repeat(mine["src_len"].to_numpy()[keep], n[keep])
+        tgt_len = np.repeat(mine["tgt_len"].to_numpy()[keep], n[keep])
         _log(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
              f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
         entries[split] = {

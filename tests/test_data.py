@@ -5,12 +5,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig, load_config
 from pipeline.corpus import CorpusError
-from pipeline.data import load_manifest, normalize, prepare
+from pipeline.data import BLOCK_PAIRS, _blocks, _split_entries, length_counts, load_manifest, normalize, prepare
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -38,6 +41,9 @@ def test_multi30k_is_prepared_end_to_end(multi30k):
     assert train.num_rows == splits["train"]["pairs"]
     assert set(train.column_names) >= {"src", "tgt", "src_ids", "tgt_ids", "src_len", "tgt_len"}
     assert max(train.column("tgt_len").to_pylist()) <= cfg.max_len
+    # The statistics come back from the tasks as length counts; they match the pairs written.
+    assert splits["train"]["tgt_tokens"] == pc.sum(train["tgt_len"]).as_py()
+    assert splits["train"]["src_tokens_max"] == pc.max(train["src_len"]).as_py()
 
 
 def test_decoding_the_ids_gives_back_the_normalized_text(multi30k, multi30k_dir):
@@ -105,6 +111,46 @@ def test_num_shards_sets_the_files_per_split_and_the_same_inputs_write_the_same_
         second = _shards(again, split)
         assert list(second) == list(shards)  # names do not depend on scheduling
         assert all(second[name].equals(table) for name, table in shards.items())
+
+
+def _pairs(n: int) -> pa.Table:
+    return pa.table({"src": pa.array(["ein satz"] * n), "tgt": pa.array(["a sentence"] * n)})
+
+
+def test_blocks_run_over_all_splits_in_whole_waves_and_hold_every_pair_once():
+    tables = {"train": _pairs(2 * BLOCK_PAIRS + 5), "validation": _pairs(1014), "test": _pairs(1000)}
+    blocks = _blocks(tables, None, num_cpus=2)
+    assert len(blocks) == 4 and max(b.num_rows for b in blocks) <= BLOCK_PAIRS
+    assert max(b.num_rows for b in blocks) - min(b.num_rows for b in blocks) <= 3  # equal tasks
+    labels = pa.concat_tables(blocks).select(["split", "row"]).to_pydict()
+    expected = [(split, row) for split, t in tables.items() for row in range(t.num_rows)]
+    assert list(zip(labels["split"], labels["row"])) == expected
+    assert {"validation", "test"} <= set(blocks[-1]["split"].to_pylist())  # the small splits share a task
+    per_split = _blocks(tables, 3, num_cpus=2)  # num_shards: each split sliced on its own
+    assert [b["split"][0].as_py() for b in per_split] == ["train"] * 3 + ["validation"] * 3 + ["test"] * 3
+    assert all(len(set(b["split"].to_pylist())) == 1 for b in per_split)
+
+
+def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
+    rng = np.random.default_rng(0)
+    n = 5000
+    encoded = pa.table({
+        "split": rng.choice(["train", "validation"], n), "drop": rng.choice(["", "", "", "too_long", "ratio"], n),
+        "src_len": rng.integers(1, 80, n).astype(np.int32), "tgt_len": rng.integers(1, 90, n).astype(np.int32),
+    })
+    counts = pa.concat_tables([length_counts(encoded.slice(0, 2000)), length_counts(encoded.slice(2000))])
+    assert counts.num_rows < n  # counted, not one row per pair
+    tables = {split: _pairs(int((encoded["split"].to_numpy(zero_copy_only=False) == split).sum()))
+              for split in ("train", "validation")}
+    entries = _split_entries(tables, counts, duplicates=0)
+    for split, entry in entries.items():
+        mine = encoded.filter(pc.equal(encoded["split"], split))
+        drops = mine["drop"].to_numpy(zero_copy_only=False)
+        tgt = mine["tgt_len"].to_numpy()[drops == ""]
+        assert entry["pairs"] == len(tgt) and entry["dropped"]["ratio"] == int((drops == "ratio").sum())
+        assert entry["tgt_tokens"] == tgt.sum() and entry["tgt_tokens_max"] == tgt.max()
+        assert entry["tgt_tokens_p99"] == np.percentile(tgt, 99)
+        assert entry["src_tokens_mean"] == mine["src_len"].to_numpy()[drops == ""].mean()
 
 
 def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tmp_path):
