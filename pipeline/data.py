@@ -28,8 +28,8 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 DROP_RULES = ("empty", "too_long", "ratio", "duplicate")
 STATS_KEYS = ["split", "drop", "src_len", "tgt_len"]  # the manifest's statistics count pairs by these
-# Pairs per Ray Data block (one task, one Parquet file). Large, because each task waits
-# ~0.1-0.2 s to be scheduled on a busy 2-core machine; 100k beat 25k and 50k at 930k pairs.
+# Pairs per Ray Data block (one task; a Parquet file per split in it). Large, so that each
+# task's fixed cost (scheduling, files) stays small: 100k was at least as fast as 25k and 50k.
 BLOCK_PAIRS = 100_000
 # Pairs per EncodeBatch call within a block: Python's lists of a few thousand strings stay in
 # the CPU caches, and one call on a whole 100k block took ~15% more CPU time.
