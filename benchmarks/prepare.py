@@ -68,7 +68,7 @@ def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
 def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) -> dict[str, int]:
     """Clean, encode, filter, count and write every split on the driver; returns pairs kept per split."""
     encoded = encode_table(pa.concat_tables(labeled_splits(tables)), encoder)
-    entries = _split_entries(tables, length_counts(encoded), duplicates=0)  # the manifest's statistics
+    entries = _split_entries(tables, length_counts(encoded))  # the manifest's statistics
     kept = encoded.filter(pc.equal(encoded["drop"], "")).drop_columns(["drop"])
     for split in tables:
         rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split"])

@@ -52,7 +52,7 @@ class DataConfig:
     tokenizer_sample: int = 200_000  # sentences per side sampled to train SentencePiece
     character_coverage: float = 1.0  # SentencePiece: share of characters covered; 1.0 keeps all
     output_dir: str = "data/prepared"  # local path or storage URI
-    num_shards: int = 0  # Parquet files per split (at most); 0: one per block of 100k pairs (over all splits)
+    num_shards: int = 0  # Parquet files per split (at most); 0: one per block it is in (blocks: up to 100k pairs)
 
 
 @dataclass

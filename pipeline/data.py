@@ -91,7 +91,7 @@ _encoder: tuple[dict, EncodeBatch] | None = None  # this process's encoder and t
 
 def numpy_batches(table: pa.Table, size: int):
     """Slices of `size` rows as dicts of NumPy arrays, the form EncodeBatch takes."""
-    for start in range(0, table.num_rows, size):
+    for start in range(0, max(table.num_rows, 1), size):  # an empty table makes one empty batch
         chunk = table.slice(start, size)
         yield {name: chunk.column(name).to_numpy(zero_copy_only=False) for name in chunk.column_names}
 
@@ -126,7 +126,7 @@ def encode_block(block: pa.Table, settings: dict, out: str | None) -> pa.Table:
 def write_shards(encoded: pa.Table, out: str) -> None:
     """Write the kept pairs of an encoded batch as one Parquet file per split, in <out>/<split>/.
 
-    A file is named after its first row, so the layout does not depend on scheduling, and a
+    A file is named after its first kept row, so the layout does not depend on scheduling, and a
     batch that Ray Data retries after a worker failure overwrites its own file.
     """
     import pyarrow.compute as pc
@@ -297,8 +297,8 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
                                                      fn_kwargs={"settings": settings, "out": out})
     finally:
         context.op_resource_reservation_enabled = reserve
-    counts = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-    return _split_entries(tables, counts, duplicates=0)
+    counts = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")  # an empty block's are null-typed
+    return _split_entries(tables, counts)
 
 
 def labeled_splits(tables: dict[str, pa.Table]) -> list[pa.Table]:
@@ -342,25 +342,33 @@ def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: 
     # Counted where each block lives: a Ray Data pass costs about 2 s of scheduling however small the data.
     count = ray.remote(length_counts)
     counts = pa.concat_tables(ray.get([count.remote(block) for block in encoded.to_arrow_refs()]))
-    kept = encoded.filter(expr=col("drop") == "").drop_columns(["drop"])
-    train = (kept.filter(expr=col("split") == "train").groupby(["src", "tgt"])
-             .map_groups(lambda group: group.head(1), batch_format="pandas").materialize())
-    kept_train = counts.filter(pc.and_(pc.equal(counts["split"], "train"), pc.equal(counts["drop"], "")))
-    train_kept = pc.sum(kept_train["count_all"]).as_py() or 0
-    entries = _split_entries(tables, counts, duplicates=train_kept - train.count())
+    train_kept = (col("split") == "train") & (col("drop") == "")
+    train = (encoded.filter(expr=train_kept).groupby(["src", "tgt"])
+             .map_groups(_mark_duplicates, batch_format="pandas").materialize())
+    # The kept training pairs are counted again after marking, so the statistics describe what is written.
+    was_kept = pc.and_(pc.equal(counts["split"], "train"), pc.equal(counts["drop"], ""))
+    counts = pa.concat_tables([counts.filter(pc.invert(was_kept)),
+                               *ray.get([count.remote(block) for block in train.to_arrow_refs()])],
+                              promote_options="permissive")  # pandas may hand back large_string columns
+    entries = _split_entries(tables, counts)
     for split in tables:
-        rows = (train if split == "train" else kept.filter(expr=col("split") == split)).drop_columns(["split"])
+        rows = train if split == "train" else encoded.filter(expr=col("split") == split)
+        rows = rows.filter(expr=col("drop") == "").drop_columns(["split", "drop"])
         if cfg.num_shards:
             rows = rows.repartition(cfg.num_shards)
         rows.write_parquet(storage.join(out, split))
     return entries
 
 
-def _split_entries(tables: dict[str, pa.Table], counts: pa.Table, *, duplicates: int) -> dict:
-    """The manifest's entry per split from length_counts: pairs kept, drops per rule, token statistics.
+def _mark_duplicates(group):
+    """A group of identical pairs with all but the earliest line marked drop = "duplicate"."""
+    group = group.sort_values("row")
+    group.iloc[1:, group.columns.get_loc("drop")] = "duplicate"
+    return group
 
-    Duplicates are not in the counts (they are found after encoding); their lengths are counted as kept.
-    """
+
+def _split_entries(tables: dict[str, pa.Table], counts: pa.Table) -> dict:
+    """The manifest's entry per split from length_counts: pairs kept, drops per rule, token statistics."""
     import pyarrow.compute as pc
 
     entries = {}
@@ -368,9 +376,8 @@ def _split_entries(tables: dict[str, pa.Table], counts: pa.Table, *, duplicates:
         mine = counts.filter(pc.equal(counts["split"], split))
         drops, n = mine["drop"].to_numpy(zero_copy_only=False), mine["count_all"].to_numpy()
         dropped = {rule: int(n[drops == rule].sum()) for rule in DROP_RULES}
-        dropped["duplicate"] = duplicates if split == "train" else 0
         keep = drops == ""
-        pairs = int(n[keep].sum()) - dropped["duplicate"]
+        pairs = int(n[keep].sum())
         if pairs == 0:
             raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped}); "
                               f"relax data.max_len / data.max_len_ratio or check the corpus")

@@ -13,7 +13,19 @@ import pytest
 
 from pipeline.config import DataConfig, load_config
 from pipeline.corpus import CorpusError
-from pipeline.data import BLOCK_PAIRS, _blocks, _split_entries, length_counts, load_manifest, normalize, prepare
+from pipeline.data import (
+    BLOCK_PAIRS,
+    EncodeBatch,
+    _blocks,
+    _split_entries,
+    encode_table,
+    labeled_splits,
+    length_counts,
+    load_manifest,
+    normalize,
+    prepare,
+)
+from pipeline.tokenizer import train_tokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -142,7 +154,7 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
     assert counts.num_rows < n  # counted, not one row per pair
     tables = {split: _pairs(int((encoded["split"].to_numpy(zero_copy_only=False) == split).sum()))
               for split in ("train", "validation")}
-    entries = _split_entries(tables, counts, duplicates=0)
+    entries = _split_entries(tables, counts)
     for split, entry in entries.items():
         mine = encoded.filter(pc.equal(encoded["split"], split))
         drops = mine["drop"].to_numpy(zero_copy_only=False)
@@ -151,6 +163,18 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
         assert entry["tgt_tokens"] == tgt.sum() and entry["tgt_tokens_max"] == tgt.max()
         assert entry["tgt_tokens_p99"] == np.percentile(tgt, 99)
         assert entry["src_tokens_mean"] == mine["src_len"].to_numpy()[drops == ""].mean()
+
+
+def test_a_block_is_encoded_in_slices_and_an_empty_block_counts_nothing():
+    tok = train_tokenizer(["ein kleiner satz"] * 20, ["a small sentence"] * 20, vocab_size=40, model_type="bpe")
+    encoder = EncodeBatch(tok.src_proto, tok.tgt_proto, max_len=100, max_ratio=3.0, filter_split="train")
+    block = pa.concat_tables(labeled_splits({"train": _pairs(10_000), "validation": _pairs(3)}))
+    encoded = encode_table(block, encoder)  # 4096 pairs per call
+    assert encoded["row"].to_pylist() == block["row"].to_pylist()
+    assert encoded["src_ids"].to_pylist() == [tok.src.encode("ein satz")] * 10_003
+    empty = length_counts(encode_table(block.slice(0, 0), encoder))
+    counts = pa.concat_tables([length_counts(encoded), empty], promote_options="default")
+    assert counts.num_rows == 2 and pc.sum(counts["count_all"]).as_py() == 10_003
 
 
 def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tmp_path):
@@ -169,6 +193,8 @@ def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tm
     assert splits["train"]["dropped"]["duplicate"] == 3 and splits["train"]["pairs"] == 3
     train = pq.read_table(manifest.split_dir("train")).sort_by("row")
     assert train.column("src").to_pylist() == ["a cat sat here", "a dog ran far", "the end"]
+    assert train.column("row").to_pylist() == [0, 2, 5]  # the earliest line of each group is kept
+    assert splits["train"]["src_tokens"] == pc.sum(train["src_len"]).as_py()  # statistics of what is written
     assert len(list(Path(manifest.split_dir("train")).glob("*.parquet"))) <= 2
     assert splits["validation"]["pairs"] == 4 and splits["validation"]["dropped"]["duplicate"] == 0
     assert pq.read_table(manifest.split_dir("validation")).num_rows == 4
