@@ -7,10 +7,11 @@ trains its tokenizer once (untimed), then times, on the same tables and tokenize
   of up to 100k pairs with EncodeBatch, 4096 pairs per call, apply the length filters and write
   their own Parquet shards; length counts come back to the driver) on a Ray instance that is
   already started;
-- single_process: the same encode_table (EncodeBatch, 4096 pairs per call) and length_counts on
-  the driver, then the same manifest statistics, and Parquet written with pyarrow;
-- encode: EncodeBatch.__call__ alone, in rows (sentence pairs) per CPU-second; SentencePiece
-  encodes a list on all cores, so CPU time rather than wall time gives the per-core figure.
+- single_process: the same blocks through the same task function (encode_block: encode, write
+  the block's shards, count) in a loop on the driver, then the same manifest statistics;
+- encode: EncodeBatch.__call__ alone, in rows (sentence pairs) per CPU-second, on the repeated
+  corpus (after its first copy every word is in the encoder's word cache); encode_first_pass:
+  a fresh encoder over Multi30k once, where every word is new to the cache (the worst case).
 
 Multi30k's 29k pairs are small next to Ray's fixed cost per execution, so the training split is
 also repeated --repeat times to see the throughput where parallelism can pay off. The two paths
@@ -31,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,13 @@ from pipeline.corpus import read_corpus  # noqa: E402
 from pipeline.data import (  # noqa: E402
     ENCODE_PAIRS,
     EncodeBatch,
+    _blocks,
     _prepare_splits,
     _split_entries,
     _tokenizer_sample,
-    encode_table,
+    encode_block,
+    encode_settings,
     labeled_splits,
-    length_counts,
     numpy_batches,
 )
 from pipeline.tokenizer import train_tokenizer  # noqa: E402
@@ -65,15 +67,10 @@ def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
     return {split: pa.concat_tables([t] * times) if split == "train" else t for split, t in tables.items()}
 
 
-def single_process(tables: dict[str, pa.Table], encoder: EncodeBatch, out: str) -> dict[str, int]:
-    """Clean, encode, filter, count and write every split on the driver; returns pairs kept per split."""
-    encoded = encode_table(pa.concat_tables(labeled_splits(tables)), encoder)
-    entries = _split_entries(tables, length_counts(encoded))  # the manifest's statistics
-    kept = encoded.filter(pc.equal(encoded["drop"], "")).drop_columns(["drop"])
-    for split in tables:
-        rows = kept.filter(pc.equal(kept["split"], split)).drop_columns(["split"])
-        os.makedirs(os.path.join(out, split))
-        pq.write_table(rows, os.path.join(out, split, "part-00000.parquet"))
+def single_process(tables: dict[str, pa.Table], settings: dict, out: str) -> dict[str, int]:
+    """The Ray tasks' work in a loop on the driver: the same blocks through encode_block; pairs kept per split."""
+    counts = [encode_block(block, settings, out) for block in _blocks(tables, None, os.cpu_count() or 1)]
+    entries = _split_entries(tables, pa.concat_tables(counts))  # the manifest's statistics
     return {split: entry["pairs"] for split, entry in entries.items()}
 
 
@@ -144,7 +141,10 @@ def main(argv=None):
     encoder = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
     sizes = sorted({1, args.repeat})
 
-    # Encoding alone goes first, before Ray's processes share the cores.
+    # Encoding alone goes first, before Ray's processes share the cores. A fresh encoder on
+    # Multi30k once is the worst case (every word new to its cache); then the repeated corpus.
+    fresh = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
+    encode_first_pass = encode_only(tables, fresh)
     encode = encode_only(repeated(tables, sizes[-1]), encoder)
 
     import ray
@@ -163,7 +163,7 @@ def main(argv=None):
         data = repeated(tables, times)
         local[times], distributed[times] = [], []
         for _ in range(args.runs):  # alternate, so that other load on the machine hits both paths alike
-            local[times].append(timed(single_process, (data, encoder), tables))
+            local[times].append(timed(single_process, (data, encode_settings(tokenizer, cfg)), tables))
             distributed[times].append(timed(_prepare_splits, (data, tokenizer, cfg), tables))
     ray.shutdown()
 
@@ -179,23 +179,28 @@ def main(argv=None):
             "ray": ray_sum, "single_process": local_sum,
             "speedup": round(local_sum["best_s"] / ray_sum["best_s"], 3),
             "speedup_first_run": round(local_sum["first_s"] / ray_sum["first_s"], 3),
+            # Each run against the single-process run just before it: less swayed by one lucky run.
+            "speedup_median_of_pairs": round(float(np.median(
+                [one[0] / many[0] for one, many in zip(local[times], distributed[times])])), 3),
         }
     largest = results[f"repeat_{sizes[-1]}"]
     print(json.dumps({
         "benchmark": "prepare",
         "corpus": f"multi30k {cfg.src_lang}-{cfg.tgt_lang} (train, validation, test)",
         "row": "one sentence pair", "batch_size": ENCODE_PAIRS, "runs": args.runs, "cpu_count": cpus,
-        "sentencepiece_threads": cpus,  # it encodes a list on every core unless told otherwise
+        "sentencepiece_threads": 1,  # EncodeBatch asks for one: Ray runs an encoder per CPU already
         "ray_version": ray.__version__, "tokenizer_train_s": round(tokenizer_s, 2),
         "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
         **results,
-        "encode": encode,
+        "encode": encode, "encode_first_pass": encode_first_pass,
         "targets": {
             "ray_speedup_min": TARGET_SPEEDUP, "ray_speedup": largest["speedup"],
             "ray_speedup_met": largest["speedup"] >= TARGET_SPEEDUP,
             "encode_rows_per_s_per_core_min": TARGET_ENCODE_PER_CORE,
             "encode_rows_per_s_per_core": encode["rows_per_s_per_core"],
             "encode_met": encode["rows_per_s_per_core"] >= TARGET_ENCODE_PER_CORE,
+            "encode_first_pass_rows_per_s_per_core": encode_first_pass["rows_per_s_per_core"],
+            "encode_first_pass_met": encode_first_pass["rows_per_s_per_core"] >= TARGET_ENCODE_PER_CORE,
         },
     }))
 

