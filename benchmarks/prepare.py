@@ -138,13 +138,13 @@ def main(argv=None):
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
                                 joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     tokenizer_s = time.perf_counter() - start
-    encoder = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
+    settings = encode_settings(tokenizer, cfg)
+    encoder = EncodeBatch(**settings)
     sizes = sorted({1, args.repeat})
 
     # Encoding alone goes first, before Ray's processes share the cores. A fresh encoder on
     # Multi30k once is the worst case (every word new to its cache); then the repeated corpus.
-    fresh = EncodeBatch(tokenizer.src_proto, tokenizer.tgt_proto, cfg.max_len, cfg.max_len_ratio, "train")
-    encode_first_pass = encode_only(tables, fresh)
+    encode_first_pass = encode_only(tables, EncodeBatch(**settings))
     encode = encode_only(repeated(tables, sizes[-1]), encoder)
 
     import ray
@@ -163,7 +163,7 @@ def main(argv=None):
         data = repeated(tables, times)
         local[times], distributed[times] = [], []
         for _ in range(args.runs):  # alternate, so that other load on the machine hits both paths alike
-            local[times].append(timed(single_process, (data, encode_settings(tokenizer, cfg)), tables))
+            local[times].append(timed(single_process, (data, settings), tables))
             distributed[times].append(timed(_prepare_splits, (data, tokenizer, cfg), tables))
     ray.shutdown()
 

@@ -1,0 +1,16 @@
+"""Reading the console output of an `nmt` command that ran on a local Ray."""
+
+import re
+
+# Ray prefixes each line that a worker process prints, e.g. "\x1b[36m(run_trial pid=123)\x1b[0m ".
+WORKER_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)\n]*pid=\d+[^)\n]*\)")
+
+
+def driver_output(log: str) -> str:
+    """The lines the driver printed itself, without those Ray forwards from its worker processes.
+
+    A worker that Ray ends with SIGTERM may print a traceback from Ray's own signal handler
+    (seen once: raised inside a weakref callback of a finished trial's worker); that is not
+    the command's output, and a check for tracebacks there would be flaky.
+    """
+    return "\n".join(line for line in log.splitlines() if not WORKER_LINE.match(line))
