@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench lint browser clean
+.PHONY: setup test test-fast demo bench lint browser clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything but the tests marked slow (those that train, sweep or start servers): for iterating.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/nmt demo

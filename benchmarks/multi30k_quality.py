@@ -23,12 +23,13 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import checkpoint, tracking  # noqa: E402
+from pipeline.common import checkpoint  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
-from pipeline.evaluate import score_with_signatures  # noqa: E402
-from pipeline.plots import learning_curves  # noqa: E402
-from pipeline.train import train  # noqa: E402
-from pipeline.translator import Translator  # noqa: E402
+from pipeline.text.metrics import score_with_signatures  # noqa: E402
+from pipeline.text.translator import Translator  # noqa: E402
+from pipeline.track import tracking  # noqa: E402
+from pipeline.track.plots import learning_curves  # noqa: E402
+from pipeline.train.driver import train  # noqa: E402
 
 
 def _checkpoints(run_dir: Path) -> list[dict]:

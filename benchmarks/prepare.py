@@ -3,7 +3,7 @@
 Prints one JSON object. Reads Multi30k with the shipped config (configs/multi30k_en_de.yaml),
 trains its tokenizer once (untimed), then times, on the same tables and tokenizer:
 
-- ray: pipeline.data._prepare_splits (one streaming Ray Data pass: tasks clean and encode blocks
+- ray: pipeline.data.prepare.prepare_splits (one streaming Ray Data pass: tasks clean and encode blocks
   of up to 100k pairs with EncodeBatch, 4096 pairs per call, apply the length filters and write
   their own Parquet shards; length counts come back to the driver) on a Ray instance that is
   already started;
@@ -39,20 +39,17 @@ import pyarrow.parquet as pq
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
-from pipeline.corpus import read_corpus  # noqa: E402
-from pipeline.data import (  # noqa: E402
+from pipeline.data.corpus import read_corpus  # noqa: E402
+from pipeline.data.encode import (  # noqa: E402
     ENCODE_PAIRS,
     EncodeBatch,
-    _blocks,
-    _prepare_splits,
-    _split_entries,
-    _tokenizer_sample,
     encode_block,
     encode_settings,
     labeled_splits,
     numpy_batches,
 )
-from pipeline.tokenizer import train_tokenizer  # noqa: E402
+from pipeline.data.prepare import blocks, prepare_splits, split_entries, tokenizer_sample  # noqa: E402
+from pipeline.text.tokenizer import train_tokenizer  # noqa: E402
 
 TARGET_SPEEDUP, TARGET_ENCODE_PER_CORE = 1.5, 50_000
 
@@ -69,8 +66,8 @@ def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
 
 def single_process(tables: dict[str, pa.Table], settings: dict, out: str) -> dict[str, int]:
     """The Ray tasks' work in a loop on the driver: the same blocks through encode_block; pairs kept per split."""
-    counts = [encode_block(block, settings, out) for block in _blocks(tables, None, os.cpu_count() or 1)]
-    entries = _split_entries(tables, pa.concat_tables(counts))  # the manifest's statistics
+    counts = [encode_block(block, settings, out) for block in blocks(tables, None, os.cpu_count() or 1)]
+    entries = split_entries(tables, pa.concat_tables(counts))  # the manifest's statistics
     return {split: entry["pairs"] for split, entry in entries.items()}
 
 
@@ -134,7 +131,7 @@ def main(argv=None):
     tables = read_corpus(cfg)
     load_before = os.getloadavg()[0]  # other work on the machine skews both paths, Ray's more
     start = time.perf_counter()
-    tokenizer = train_tokenizer(*_tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+    tokenizer = train_tokenizer(*tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
                                 joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     tokenizer_s = time.perf_counter() - start
@@ -164,7 +161,7 @@ def main(argv=None):
         local[times], distributed[times] = [], []
         for _ in range(args.runs):  # alternate, so that other load on the machine hits both paths alike
             local[times].append(timed(single_process, (data, settings), tables))
-            distributed[times].append(timed(_prepare_splits, (data, tokenizer, cfg), tables))
+            distributed[times].append(timed(prepare_splits, (data, tokenizer, cfg), tables))
     ray.shutdown()
 
     results = {}

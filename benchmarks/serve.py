@@ -34,10 +34,10 @@ def build_model(workdir: Path, uri: str) -> str:
     import torch
 
     from model import Transformer, TransformerConfig
-    from pipeline import registry, tracking
-    from pipeline.demo_corpus import generate_pairs
-    from pipeline.tokenizer import train_tokenizer
-    from pipeline.translator import Translator
+    from pipeline.data.demo_corpus import generate_pairs
+    from pipeline.text.tokenizer import train_tokenizer
+    from pipeline.text.translator import Translator
+    from pipeline.track import registry, tracking
 
     torch.manual_seed(0)
     pairs = generate_pairs(3000, seed=1)
@@ -121,8 +121,8 @@ def main() -> int:
     from ray import serve
 
     from pipeline.config import ServeConfig
-    from pipeline.demo_corpus import generate_pairs
-    from pipeline.serve import app_for
+    from pipeline.data.demo_corpus import generate_pairs
+    from pipeline.serve.service import app_for
 
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="nmt-serve-bench-") as tmp:

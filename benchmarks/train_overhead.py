@@ -1,7 +1,7 @@
 """Tokens/s of the training loop in a bare process versus under Ray Train with 1 and 2 workers.
 
 Prints one JSON object. Prepares a small demo corpus once (Ray Data, untimed), then runs
-pipeline.train_loop.train_loop for --steps updates on it four times:
+pipeline.train.loop.train_loop for --steps updates on it four times:
 
 - bare_default_threads: a plain process (TorchrunContext, world size 1), torch's default threads;
 - bare: the same with torch.set_num_threads(1), as Ray gives a 1-CPU worker OMP_NUM_THREADS=1;
@@ -36,10 +36,10 @@ from ray.train import UserCallback
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
-from pipeline.data import prepare  # noqa: E402
-from pipeline.distributed import TorchrunContext  # noqa: E402
-from pipeline.train import build_trainer  # noqa: E402
-from pipeline.train_loop import train_loop  # noqa: E402
+from pipeline.data.prepare import prepare  # noqa: E402
+from pipeline.train.driver import build_trainer  # noqa: E402
+from pipeline.train.loop import train_loop  # noqa: E402
+from pipeline.train.workers import TorchrunContext  # noqa: E402
 
 TARGET_RAY_OVER_BARE = 0.95
 THREADS = 1  # what Ray gives a worker with cpus_per_worker=1; the bare process is pinned to it too

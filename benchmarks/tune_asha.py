@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.sweep import sweep  # noqa: E402
+from pipeline.tune.sweep import sweep  # noqa: E402
 
 SPACE = "model.num_layers: {grid: [1, 2]}\ntrain.warmup_steps: {grid: [100, 400]}\n"
 

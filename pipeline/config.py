@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .common.errors import UserError
 
 if typing.TYPE_CHECKING:  # torch is imported only where a model is built, not by Ray Data workers
     from model import TransformerConfig
@@ -135,7 +135,7 @@ class TrackingConfig:
 class ServeConfig:
     """The Ray Serve translation service."""
 
-    model_uri: str = "models:/transformer-nmt@champion"  # MLflow model URI to serve
+    model_uri: str = ""  # MLflow model URI to serve; empty: the champion of tracking.registered_model
     host: str = "127.0.0.1"  # interface to listen on; 0.0.0.0 for all
     port: int = 8000  # HTTP port
     max_batch_size: int = 16  # sentences decoded together (dynamic batching)
@@ -331,35 +331,3 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                 for sub_key, _ in value_node.value:
                     lines[f"{key_node.value}.{sub_key.value}"] = sub_key.start_mark.line + 1
     return (tree or {}), lines
-
-
-def reference_markdown() -> str:
-    """Every config key as markdown tables (key | default | meaning), the meaning from its field's comment."""
-    import ast
-    import inspect
-    import io
-    import tokenize
-
-    def escape(text: str) -> str:  # a bare | splits a table cell; <word> would be read as an HTML tag
-        return text.replace("|", "\\|").replace("<", "\\<")
-
-    def value(default: Any) -> str:
-        text = yaml.safe_dump(default, default_flow_style=True, sort_keys=False, width=1000)
-        return "`" + text.removesuffix("...\n").strip().replace("|", "\\|") + "`"
-
-    defaults, lines = Config(), []
-    for section in dataclasses.fields(Config):
-        values = getattr(defaults, section.name)
-        source = inspect.getsource(type(values))
-        comments = {token.start[0]: token.string.lstrip("#").strip()
-                    for token in tokenize.generate_tokens(io.StringIO(source).readline)
-                    if token.type == tokenize.COMMENT}
-        # A field's comment ends its statement: for a multi-line field(...), the line of the closing ")".
-        meanings = {node.target.id: comments.get(node.end_lineno, "")
-                    for node in ast.parse(source).body[0].body if isinstance(node, ast.AnnAssign)}
-        lines += [f"### `{section.name}`: {inspect.getdoc(type(values))}", "",
-                  "| key | default | meaning |", "|---|---|---|"]
-        lines += [f"| `{section.name}.{f.name}` | {value(getattr(values, f.name))} | {escape(meanings[f.name])} |"
-                  for f in dataclasses.fields(values)]
-        lines.append("")
-    return "\n".join(lines)

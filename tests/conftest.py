@@ -8,6 +8,34 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
+HEAVY_FIXTURES = {"champion", "mlflow_server", "cluster", "service"}
+
+
+def pytest_collection_modifyitems(items):
+    """Refuse a test that uses a heavy fixture without the slow mark: it would make `make test-fast` slow."""
+    unmarked = [item.nodeid for item in items
+                if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError(f"mark these tests @pytest.mark.slow (they use {sorted(HEAVY_FIXTURES)}): {unmarked}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pipeline_logging():
+    """Progress and warning lines on stderr, as `nmt` sets them up, for tests that call the stages directly."""
+    from pipeline.common import log
+
+    log.setup()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_prepared_data(tmp_path_factory):
+    """One prepared-data directory for the session's small configs (see tests/small.py)."""
+    from small import SHARED_DATA_ENV
+
+    os.environ[SHARED_DATA_ENV] = str(tmp_path_factory.mktemp("prepared"))
+    yield
+    os.environ.pop(SHARED_DATA_ENV, None)
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +138,7 @@ def champion(ray_session, mlflow_server, tmp_path_factory):
     from mlflow.tracking import MlflowClient
     from small import small_config
 
-    from pipeline.train import train
+    from pipeline.train.driver import train
 
     workdir = tmp_path_factory.mktemp("champion")
     cfg = small_config(workdir, "train.epochs=3", "train.average_last=2", "tracking.experiment=nmt-tests",

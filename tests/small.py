@@ -1,5 +1,6 @@
 """A small demo configuration that trains in well under a minute on one CPU worker."""
 
+import os
 from pathlib import Path
 
 from pipeline.config import load_config
@@ -11,11 +12,15 @@ SMALL = [
     "train.num_workers=1", "train.max_tokens=2048", "train.warmup_steps=50", "train.beam_size=2",
     "train.log_every=5", "train.resource_wait_s=2",
 ]
+# Set by conftest for the session: prepared data is content-addressed, so every test with the
+# same data settings reuses one preparation instead of paying for its own.
+SHARED_DATA_ENV = "NMT_TEST_PREPARED_DIR"
 
 
 def small_config(tmp_path, *extra, tracking_uri: str | None = None):
-    """configs/demo.yaml shrunk, with data, runs and the MLflow store under tmp_path."""
+    """configs/demo.yaml shrunk, with runs and the MLflow store under tmp_path (data in the session's shared dir)."""
     uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = os.environ.get(SHARED_DATA_ENV) or tmp_path / "data"
     return load_config(ROOT / "configs" / "demo.yaml",
-                       [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                       [*SMALL, f"data.output_dir={data}", f"train.storage_path={tmp_path / 'runs'}",
                         f"tracking.tracking_uri={uri}", *extra])

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batching import (
+from pipeline.data.batching import (
     batch_cost,
     collate,
     equalize_batch_count,
     padding_efficiency,
     random_batches,
-    shard_batches,
     token_budget_batches,
 )
 
@@ -164,22 +163,6 @@ def test_equalize_refuses_impossible_counts():
         equalize_batch_count(batches, 31, src, tgt)
 
 
-@pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
-@pytest.mark.parametrize("seed", SEEDS)
-def test_shards_have_equal_counts_and_cover_every_example_once(num_replicas, seed):
-    src, tgt = _lengths(seed, n=2000 + seed)
-    batches = token_budget_batches(src, tgt, 1500, seed=seed, epoch=3)
-    shards = [shard_batches(batches, num_replicas, rank, src, tgt) for rank in range(num_replicas)]
-    counts = {len(shard) for shard in shards}
-    assert len(counts) == 1, counts
-    assert counts.pop() >= len(batches) / num_replicas
-    assert max(_costs([b for shard in shards for b in shard], src, tgt)) <= 1500
-    _assert_each_once([b for shard in shards for b in shard], src.size)
-    # Each rank rebuilds its share on its own: the result must not depend on anything but the inputs.
-    again = shard_batches(batches, num_replicas, num_replicas - 1, src, tgt)
-    assert all(np.array_equal(a, b) for a, b in zip(again, shards[-1]))
-
-
 @pytest.mark.parametrize("num_replicas", [2, 3, 4])
 def test_per_rank_batch_lists_equalize_to_the_largest_count(num_replicas):
     # The train loop's way: each rank batches its own data shard, they agree on the max count.
@@ -193,13 +176,6 @@ def test_per_rank_batch_lists_equalize_to_the_largest_count(num_replicas):
         assert len(equal) == target
         assert max(_costs(equal, s, t)) <= 1000
         _assert_each_once(equal, s.size)
-
-
-@pytest.mark.parametrize(("num_replicas", "rank"), [(2, 2), (2, -1), (0, 0), (3, 1.0)])
-def test_shard_rejects_bad_ranks(num_replicas, rank):
-    src, tgt = _lengths(0, n=100)
-    with pytest.raises(ValueError):
-        shard_batches(token_budget_batches(src, tgt, 500), num_replicas, rank, src, tgt)
 
 
 def test_collate_pads_right_and_places_bos_and_eos():

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.corpus import CorpusError, read_corpus, read_lines, source_fingerprint
+from pipeline.data.corpus import CorpusError, read_corpus, read_lines, source_fingerprint
 
 
 def files_config(tmp_path, **overrides):

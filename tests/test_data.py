@@ -12,20 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig, load_config
-from pipeline.corpus import CorpusError
-from pipeline.data import (
-    BLOCK_PAIRS,
-    EncodeBatch,
-    _blocks,
-    _split_entries,
-    encode_table,
-    labeled_splits,
-    length_counts,
-    load_manifest,
-    normalize,
-    prepare,
-)
-from pipeline.tokenizer import train_tokenizer
+from pipeline.data.corpus import CorpusError
+from pipeline.data.encode import EncodeBatch, encode_table, labeled_splits, length_counts, normalize
+from pipeline.data.manifest import load_manifest
+from pipeline.data.prepare import BLOCK_PAIRS, blocks, prepare, split_entries
+from pipeline.text.tokenizer import train_tokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -131,14 +122,14 @@ def _pairs(n: int) -> pa.Table:
 
 def test_blocks_run_over_all_splits_in_whole_waves_and_hold_every_pair_once():
     tables = {"train": _pairs(2 * BLOCK_PAIRS + 5), "validation": _pairs(1014), "test": _pairs(1000)}
-    blocks = _blocks(tables, None, num_cpus=2)
-    assert len(blocks) == 4 and max(b.num_rows for b in blocks) <= BLOCK_PAIRS
-    assert max(b.num_rows for b in blocks) - min(b.num_rows for b in blocks) <= 3  # equal tasks
-    labels = pa.concat_tables(blocks).select(["split", "row"]).to_pydict()
+    parts = blocks(tables, None, num_cpus=2)
+    assert len(parts) == 4 and max(b.num_rows for b in parts) <= BLOCK_PAIRS
+    assert max(b.num_rows for b in parts) - min(b.num_rows for b in parts) <= 3  # equal tasks
+    labels = pa.concat_tables(parts).select(["split", "row"]).to_pydict()
     expected = [(split, row) for split, t in tables.items() for row in range(t.num_rows)]
     assert list(zip(labels["split"], labels["row"])) == expected
-    assert {"validation", "test"} <= set(blocks[-1]["split"].to_pylist())  # the small splits share a task
-    per_split = _blocks(tables, 3, num_cpus=2)  # num_shards: each split sliced on its own
+    assert {"validation", "test"} <= set(parts[-1]["split"].to_pylist())  # the small splits share a task
+    per_split = blocks(tables, 3, num_cpus=2)  # num_shards: each split sliced on its own
     assert [b["split"][0].as_py() for b in per_split] == ["train"] * 3 + ["validation"] * 3 + ["test"] * 3
     assert all(len(set(b["split"].to_pylist())) == 1 for b in per_split)
 
@@ -154,7 +145,7 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
     assert counts.num_rows < n  # counted, not one row per pair
     tables = {split: _pairs(int((encoded["split"].to_numpy(zero_copy_only=False) == split).sum()))
               for split in ("train", "validation")}
-    entries = _split_entries(tables, counts)
+    entries = split_entries(tables, counts)
     for split, entry in entries.items():
         mine = encoded.filter(pc.equal(encoded["split"], split))
         drops = mine["drop"].to_numpy(zero_copy_only=False)

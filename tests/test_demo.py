@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(ray_session, tmp_path, capsys):

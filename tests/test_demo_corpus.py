@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.demo_corpus import (
+from pipeline.data.demo_corpus import (
     DEMO_SPLITS,
     MAX_SOURCE_WORDS,
     MIN_SOURCE_WORDS,
@@ -50,7 +50,7 @@ def test_fewer_pairs_are_a_prefix_of_more():
 
 @pytest.mark.parametrize("hash_seed", ["1", "4242"])
 def test_same_pairs_in_a_subprocess_with_another_hash_seed(hash_seed):
-    code = ("import json; from pipeline.demo_corpus import generate_pairs; "
+    code = ("import json; from pipeline.data.demo_corpus import generate_pairs; "
             "print(json.dumps(generate_pairs(300, seed=11)))")
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT,

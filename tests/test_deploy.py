@@ -64,7 +64,7 @@ def test_serve_config_validates_and_imports():
     from ray.serve.schema import ServeDeploySchema
 
     from pipeline.config import Config, set_value
-    from pipeline.serve import TranslationService
+    from pipeline.serve.service import TranslationService
 
     config = _docs(DEPLOY / "serve_config.yaml")[0]
     schema = ServeDeploySchema.model_validate(config)

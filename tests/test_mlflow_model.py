@@ -11,9 +11,11 @@ import pytest
 from conftest import free_port, stop_process, wait_http
 from mlflow.tracking import MlflowClient
 
-from pipeline import registry
 from pipeline.cli import main
-from pipeline.translator import Translator
+from pipeline.text.translator import Translator
+from pipeline.track import registry
+
+pytestmark = pytest.mark.slow
 
 EXAMPLES = ["a small dog runs .", "the woman sees two red houses ."]
 
@@ -44,9 +46,9 @@ def test_packaged_model_translates_in_a_fresh_process_from_its_own_code(champion
         model = mlflow.pyfunc.load_model("models:/{champion.model_name}@champion")
         import pandas as pd
         out = model.predict(pd.DataFrame({{"src": {EXAMPLES!r}}}), params={{"beam_size": 2}})
-        import pipeline.translator
+        import pipeline.text.translator
         print(json.dumps({{"translations": out["translation"].tolist(),
-                          "code": pipeline.translator.__file__,
+                          "code": pipeline.text.translator.__file__,
                           "schema": model.metadata.get_input_schema().input_names(),
                           "params": [p.name for p in model.metadata.get_params_schema().params]}}))
     """)
@@ -56,7 +58,7 @@ def test_packaged_model_translates_in_a_fresh_process_from_its_own_code(champion
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(result["translations"]) == 2 and all(isinstance(t, str) for t in result["translations"])
-    assert "/code/pipeline/translator.py" in result["code"]  # loaded from the model, not from this checkout
+    assert "/code/pipeline/text/translator.py" in result["code"]  # loaded from the model, not from this checkout
     assert result["schema"] == ["src"] and set(result["params"]) == {"beam_size", "max_len"}
 
 
@@ -69,7 +71,7 @@ def test_registered_model_holds_no_pickles(champion, tmp_path):
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".pth", ".bin", ".joblib"))], files
     assert any(f.endswith("model.safetensors") for f in files) and any(f.endswith("spm.model") for f in files)
     mlmodel = open(os.path.join(local, "MLmodel")).read()
-    # Models from Code: MLflow loads mlflow_model.py, never a cloudpickled python_model.pkl.
+    # Models from Code: MLflow loads pyfunc_model.py, never a cloudpickled python_model.pkl.
     assert "loader_module: mlflow.pyfunc.loaders.code_model" in mlmodel and "python_model.pkl" not in mlmodel
 
 

@@ -14,7 +14,10 @@ import contextlib
 import pathlib
 import re
 
+import pytest
 from browser import start_chromium, visible_text, wait_for_text
+
+pytestmark = pytest.mark.slow
 
 SHOTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts" / "mlflow-ui"
 # Generous: on a busy 2-core machine the first page (a ~10 MB JS bundle) alone can take 30-40 s to render.

@@ -1,10 +1,14 @@
 """Real learning on real data: a few minutes of training on a Multi30k subset lifts held-out BLEU well above 0."""
 
-from pipeline import checkpoint
+import pytest
+
+from pipeline.common import checkpoint
 from pipeline.config import load_config
-from pipeline.data import prepare
-from pipeline.distributed import TorchrunContext
-from pipeline.train_loop import train_loop
+from pipeline.data.prepare import prepare
+from pipeline.train.loop import train_loop
+from pipeline.train.workers import TorchrunContext
+
+pytestmark = pytest.mark.slow
 
 
 def _subset(source, target, lines: int) -> None:

@@ -6,6 +6,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Runs in its own process: a ray.cluster_utils.Cluster cannot share a process with the
@@ -16,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     from ray.cluster_utils import Cluster
     from mlflow.tracking import MlflowClient
     from pipeline.config import load_config
-    from pipeline.train import train
+    from pipeline.train.driver import train
 
     out = sys.argv[1]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

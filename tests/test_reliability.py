@@ -13,9 +13,9 @@ from conftest import free_port
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, small_config
 
-from pipeline.train import train
+from pipeline.train.driver import train
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 class SwitchableProxy:

@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import ROOT
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PREFIX = "/nmt"
 SENTENCES = ["the dog sees the cat .", "a small child plays in the garden ."]
 
 
-def _request(port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 120):
+def post(port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 120):
     """(status, parsed JSON body or the raw text) of one HTTP request."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
@@ -39,7 +39,7 @@ def _request(port: int, method: str, path: str, body: bytes | None = None, timeo
 
 def _translate(port: int, payload) -> tuple[int, object]:
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return _request(port, "POST", f"{PREFIX}/translate", body)
+    return post(port, "POST", f"{PREFIX}/translate", body)
 
 
 def test_nmt_serve_with_a_missing_model_is_one_line(champion):
@@ -56,7 +56,7 @@ def service(ray_session, champion):
     from ray import serve
 
     from pipeline.config import ServeConfig
-    from pipeline.serve import app_for
+    from pipeline.serve.service import app_for
 
     port = free_port()
     cfg = ServeConfig(model_uri=f"models:/{champion.model_name}@champion", max_batch_size=8,
@@ -72,7 +72,7 @@ def service(ray_session, champion):
 
 
 def test_translates_like_the_registered_model(service, champion):
-    from pipeline import registry
+    from pipeline.track import registry
 
     status, body = _translate(service, {"texts": SENTENCES, "beam_size": 2})
     assert status == 200, body
@@ -112,8 +112,8 @@ def test_bad_request_gets_4xx_with_json_error(service, payload, status, message)
 
 
 def test_wrong_route_or_method_is_json_4xx_and_replica_survives(service):
-    assert _request(service, "GET", f"{PREFIX}/translate")[0] == 405
-    status, body = _request(service, "GET", f"{PREFIX}/nowhere")
+    assert post(service, "GET", f"{PREFIX}/translate")[0] == 405
+    status, body = post(service, "GET", f"{PREFIX}/nowhere")
     assert status == 404 and "error" in body
     assert _translate(service, {"texts": ["the cat ."]})[0] == 200  # after every bad request above
 
@@ -219,7 +219,7 @@ REQUESTS = st.one_of(
 @settings(max_examples=120, deadline=None, database=None)
 @given(body=REQUESTS)
 def test_fuzzed_requests_get_200_or_a_json_4xx_never_a_5xx(service, body):
-    status, answer = _request(service, "POST", f"{PREFIX}/translate", body)
+    status, answer = post(service, "POST", f"{PREFIX}/translate", body)
     assert status == 200 or (400 <= status < 500 and isinstance(answer, dict) and "error" in answer), \
         (status, answer, body[:300])
     if status == 200:
@@ -227,13 +227,13 @@ def test_fuzzed_requests_get_200_or_a_json_4xx_never_a_5xx(service, body):
 
 
 def test_healthz(service, champion):
-    status, body = _request(service, "GET", f"{PREFIX}/healthz")
+    status, body = post(service, "GET", f"{PREFIX}/healthz")
     assert status == 200
     assert body["status"] == "ok" and body["model_version"] == champion.version
 
 
 def test_parse_request_limits():
-    from pipeline.serve import BadRequest, parse_request
+    from pipeline.serve.service import BadRequest, parse_request
 
     assert parse_request(b'{"texts": ["a", ""], "beam_size": 3}', 4, 10) == (["a", ""], 3)
     assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], 4)
@@ -243,9 +243,9 @@ def test_parse_request_limits():
 
 
 def test_build_app_checks_args_and_model(champion):
+    from pipeline.common.errors import UserError
     from pipeline.config import ConfigError
-    from pipeline.errors import UserError
-    from pipeline.serve import build_app
+    from pipeline.serve.service import build_app
 
     with pytest.raises(ConfigError, match="serve.max_batch_sizes"):
         build_app({"max_batch_sizes": "4"})

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import free_port, stop_process, wait_http
 from small import ROOT
-from test_serve import SENTENCES, _request
+from test_serve import SENTENCES, post
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _wait_for_line(log_path: Path, text: str, timeout_s: float, process) -> None:
@@ -47,12 +47,12 @@ def test_nmt_serve_command_serves_until_interrupted(ray_session, champion, tmp_p
         # serve.run returns, and a Ctrl-C then would interrupt the start-up instead of the service.
         _wait_for_line(log_path, f"at http://127.0.0.1:{port}", 240, process)
         wait_http(f"http://127.0.0.1:{port}/healthz", 30, process)
-        status, body = _request(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
+        status, body = post(port, "POST", "/translate", json.dumps({"texts": SENTENCES}).encode())
         assert status == 200 and len(body["translations"]) == 2
         process.send_signal(signal.SIGINT)
         assert process.wait(90) == 0
         with pytest.raises(OSError):  # Serve was shut down, its proxy with it
-            _request(port, "GET", "/healthz", timeout_s=5)
+            post(port, "GET", "/healthz", timeout_s=5)
     except BaseException:
         print(log_path.read_text()[-3000:])
         raise

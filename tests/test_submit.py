@@ -122,6 +122,7 @@ def _job(cluster, job_id: str) -> dict:
         return json.loads(response.read())
 
 
+@pytest.mark.slow
 def test_submitted_training_succeeds_and_logs_to_mlflow(cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -148,6 +149,7 @@ def test_submitted_training_succeeds_and_logs_to_mlflow(cluster, tmp_path):
     print(f"submitted training job took {time.monotonic() - started:.0f}s")
 
 
+@pytest.mark.slow
 def test_failing_job_exits_non_zero(cluster, tmp_path):
     result = _submit(["--address", cluster.address, "--follow", "--no-pip", "--", "prepare", "--set",
                       "data.source=files", "--set", f"data.path={tmp_path / 'missing'}", "--set",
@@ -164,6 +166,7 @@ def test_bad_command_is_refused_before_submitting():
     assert "Traceback" not in result.stderr and "submitted" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cluster_refuses_missing_or_wrong_token(cluster, tmp_path):
     command = ["--address", cluster.address, "--no-pip", "--", "prepare"]
     no_token = _submit(command, _clean_env(HOME=str(tmp_path)), timeout_s=120)  # no ~/.ray/auth_token there
@@ -189,7 +192,7 @@ def test_nothing_listening_is_a_clear_error():
 
 
 def test_plan_passes_paths_and_store_explicitly(tmp_path, monkeypatch):
-    from pipeline.submit import EXCLUDES, plan, requirements
+    from pipeline.launch.submit import EXCLUDES, plan, requirements
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

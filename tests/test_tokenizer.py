@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.data import normalize
-from pipeline.demo_corpus import generate_pairs
-from pipeline.tokenizer import Tokenizer, train_tokenizer
+from pipeline.data.demo_corpus import generate_pairs
+from pipeline.data.encode import normalize
+from pipeline.text.tokenizer import Tokenizer, train_tokenizer
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 ODD = ["", " ", "a  b", " leading and trailing ", "tab\tinside", "ä ö ü ß é", "naïve café", "e\u0301 combining",

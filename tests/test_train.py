@@ -10,12 +10,14 @@ import torch
 from mlflow.tracking import MlflowClient
 from small import small_config
 
-from pipeline import checkpoint
-from pipeline.data import prepare
-from pipeline.distributed import TorchrunContext
-from pipeline.errors import UserError
-from pipeline.train import train
-from pipeline.train_loop import train_loop
+from pipeline.common import checkpoint
+from pipeline.common.errors import UserError
+from pipeline.data.prepare import prepare
+from pipeline.train.driver import train
+from pipeline.train.loop import train_loop
+from pipeline.train.workers import TorchrunContext
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

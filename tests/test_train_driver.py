@@ -11,7 +11,7 @@ from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MAX_STEPS = 160
 
 

@@ -7,8 +7,8 @@ from small import small_config
 
 from pipeline.cli import main
 from pipeline.config import ConfigError, load_config
-from pipeline.search_space import apply, load_space
-from pipeline.sweep import sweep
+from pipeline.tune.search_space import apply, load_space
+from pipeline.tune.sweep import sweep
 
 BAD_SPACES = [
     ("model.num_head: {choice: [2, 4]}\n", "unknown key 'model.num_head'; did you mean 'model.num_heads'?"),
@@ -42,6 +42,7 @@ def test_shipped_spaces_parse_and_an_invalid_combination_is_reported_not_raised(
     assert problem and "divisible by num_heads" in problem
 
 
+@pytest.mark.slow
 def test_an_invalid_sampled_combination_is_a_rejected_trial_not_a_crash(ray_session, tmp_path):
     # randint heads pass the space check; the sampled 3 cannot split d_model=64.
     (tmp_path / "space.yaml").write_text("model.num_heads: {randint: [3, 4]}\n")

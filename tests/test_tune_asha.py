@@ -6,9 +6,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from small import small_config
 
-from pipeline.sweep import sweep
+from pipeline.tune.sweep import sweep
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_sweep_stops_trials_early_tracks_parent_and_children_and_registers_the_best(ray_session, tmp_path):

@@ -11,7 +11,7 @@ from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 MAX_STEPS = 100
 
 

@@ -1,0 +1,1 @@
+"""Shared by every stage: user errors, storage paths and URIs, the Ray connection, checkpoints, logging."""

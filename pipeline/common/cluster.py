@@ -1,0 +1,63 @@
+"""Connecting to Ray (RAY_ADDRESS or --address when given, else a local instance) and what the cluster holds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..config import Config
+from .errors import UserError
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to the given cluster, or RAY_ADDRESS, or start a local Ray; reuse a live connection."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    # Ray's own INFO lines drown our progress output; warnings and errors still show.
+    quiet = logging.getLogger("pipeline").getEffectiveLevel() > logging.DEBUG  # `nmt -v` shows Ray's INFO too
+    ray.init(address=address, logging_level=logging.WARNING if quiet else logging.INFO, log_to_driver=True)
+
+
+def state_api_problem() -> str | None:
+    """Why Ray's State API (served by the dashboard) cannot be queried, or None when it can.
+
+    Ray Train's placement-group cleaner asks the State API whether a run's controller is still
+    alive; without it, the resources of a trial that Tune stops early are never released.
+    """
+    from ray.util.state import list_actors
+    from ray.util.state.exception import RayStateApiException
+
+    try:
+        list_actors(limit=1, timeout=30, raise_on_missing_output=False)
+    except (RayStateApiException, ConnectionError, OSError) as err:
+        return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return None
+
+
+def check_capacity(cfg: Config, wait_s: float) -> None:
+    """Fail within wait_s, naming what is missing, when the cluster cannot place the workers."""
+    import ray
+
+    train = cfg.train
+    need_cpu, need_gpu = train.num_workers * train.cpus_per_worker, train.num_workers * int(train.use_gpu)
+    deadline = time.monotonic() + wait_s
+    while True:
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        total_cpu = sum(n.get("CPU", 0) for n in nodes)
+        total_gpu = sum(n.get("GPU", 0) for n in nodes)
+        largest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
+        fits = total_cpu >= need_cpu and total_gpu >= need_gpu and largest_cpu >= train.cpus_per_worker
+        if fits:
+            return
+        if time.monotonic() >= deadline:  # an autoscaler had its chance to add nodes
+            raise UserError(
+                f"the cluster cannot fit {train.num_workers} training workers x {train.cpus_per_worker} CPU"
+                f"{' + 1 GPU' if train.use_gpu else ''}: it has {total_cpu:g} CPUs, {total_gpu:g} GPUs, at most "
+                f"{largest_cpu:g} CPUs on one node; lower train.num_workers / train.cpus_per_worker "
+                f"or add nodes"
+            )
+        time.sleep(1.0)

@@ -1,0 +1,66 @@
+"""One `pipeline` logger tree: "[stage] message" lines on stderr, set up by `nmt -v/-q` and by each worker loop.
+
+Modules log through `get(stage)` (a logger named `pipeline.<stage>`); nothing is printed until
+`setup` adds the one handler, so importing the package configures nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+ROOT = "pipeline"
+LEVELS = {-1: logging.WARNING, 0: logging.INFO, 1: logging.DEBUG}  # -q, default, -v
+
+
+def get(stage: str) -> logging.Logger:
+    """The logger of a stage; its lines read "[stage] message"."""
+    return logging.getLogger(f"{ROOT}.{stage}")
+
+
+class _Formatter(logging.Formatter):
+    """"[stage] message", with "warning: " or "error: " before the message at those levels."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stage = record.name.removeprefix(f"{ROOT}.") if record.name != ROOT else "nmt"
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        text = f"[{stage}] {level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to stderr as it is at each line (pytest and Ray swap sys.stderr), or to the process's own.
+
+    Ray Train patches sys.stderr in workers to echo prints to the driver, which would show every
+    line twice; the workers' handler writes to sys.__stderr__, which Ray forwards once.
+    """
+
+    def __init__(self, process_stderr: bool):
+        super().__init__()
+        self.process_stderr = process_stderr
+
+    @property
+    def stream(self):
+        return sys.__stderr__ if self.process_stderr else sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns one; the property decides
+        pass
+
+
+def setup(level: int = logging.INFO, process_stderr: bool = False) -> None:
+    """Send the pipeline's lines to stderr at `level` (once per process; later calls only set the level)."""
+    root = logging.getLogger(ROOT)
+    root.setLevel(level)
+    root.propagate = False  # a host application's handlers would print each line again
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler(process_stderr)
+        handler.setFormatter(_Formatter())
+        root.addHandler(handler)
+
+
+def level() -> int:
+    """The pipeline's current level, for passing on to worker processes."""
+    return logging.getLogger(ROOT).getEffectiveLevel()

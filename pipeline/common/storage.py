@@ -1,0 +1,95 @@
+"""Local paths and storage URIs (s3://, gs://, ...) through one small interface, via pyarrow.fs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+
+def is_uri(path: str) -> bool:
+    """True for "scheme://..." storage URIs, False for local paths."""
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def absolute(path: str) -> str:
+    """A storage URI as it is, a local path made absolute: the form handed to Ray workers and jobs."""
+    return str(path) if "://" in str(path) else str(Path(path).expanduser().resolve())
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path components with "/" for URIs and os.path for local paths."""
+    return "/".join([str(base).rstrip("/"), *parts]) if is_uri(base) else os.path.join(base, *parts)
+
+
+def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
+    if is_uri(path):
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), os.path.abspath(str(path).removeprefix("file://"))
+
+
+def exists(path: str) -> bool:
+    """Whether a file or directory exists at path."""
+    fs, inner = _resolve(path)
+    return fs.get_file_info(inner).type != pafs.FileType.NotFound
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole content of the file at path."""
+    fs, inner = _resolve(path)
+    with fs.open_input_stream(inner) as stream:
+        return stream.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a file atomically on local disk (temporary name, then rename); plainly on object stores."""
+    if is_uri(path):
+        fs, inner = _resolve(path)
+        with fs.open_output_stream(inner) as stream:
+            stream.write(data)
+        return
+    target = Path(path.removeprefix("file://"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+
+
+def write_table(path: str, table) -> None:
+    """Write a pyarrow Table as one Parquet file, creating its directory (local path or URI)."""
+    import pyarrow.parquet as pq
+
+    fs, inner = _resolve(path)
+    fs.create_dir(os.path.dirname(inner), recursive=True)  # inner paths use "/" for URIs too
+    pq.write_table(table, inner, filesystem=fs)
+
+
+def temporary_sibling(path: str) -> str:
+    """A fresh path next to path, for writing a directory before publishing it under its real name."""
+    parent, name = os.path.split(str(path).rstrip("/"))
+    return join(parent, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+
+
+def publish_dir(tmp: str, final: str) -> None:
+    """Move a finished directory into place: an atomic rename locally.
+
+    Object stores cannot rename a prefix atomically, so there the directory is written in
+    place and readers rely on its manifest, which is written last, to know it is complete.
+    """
+    if is_uri(final):
+        raise ValueError("publish_dir is for local paths; write URIs in place with the manifest last")
+    Path(final).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process published the same content first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dir(path: str) -> None:
+    """Delete a directory tree, ignoring one that is already gone."""
+    fs, inner = _resolve(path)
+    if fs.get_file_info(inner).type != pafs.FileType.NotFound:
+        fs.delete_dir(inner)

@@ -1,0 +1,1 @@
+"""Ray Data corpus preparation: read -> clean -> encode (SentencePiece) -> Parquet shards + manifest; batching."""

@@ -1,0 +1,227 @@
+"""Corpus sources (demo, local files, Hugging Face datasets) read strictly into (src, tgt) tables.
+
+Lines are split on "\\n" only: CRLF endings, a byte-order mark, U+2028 or U+0085 inside a
+line never shift the pairing of two parallel files. Every problem is a CorpusError that
+names the file and line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..common.errors import UserError
+from ..config import DataConfig
+
+SPLITS = ("train", "validation", "test")
+BOM = b"\xef\xbb\xbf"
+
+
+class CorpusError(UserError):
+    """A corpus file that cannot be read as a parallel corpus; the message names file and line."""
+
+
+def read_lines(path: Path, on_bad_utf8: str = "error") -> list[str]:
+    """The lines of a UTF-8 text file, split on \\n only; CR before \\n and a leading BOM removed."""
+    if not path.is_file():
+        siblings = sorted(p.name for p in path.parent.glob("*"))[:12] if path.parent.is_dir() else []
+        hint = f"; files there: {', '.join(siblings)}" if siblings else ""
+        raise CorpusError(f"{path}: file not found{hint}")
+    data = path.read_bytes()
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise CorpusError(f"{path}:{line}: NUL byte in a text file; is it binary or UTF-16? Convert it to UTF-8")
+    try:
+        text = data.decode("utf-8", errors="strict" if on_bad_utf8 == "error" else "replace")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise CorpusError(
+            f"{path}:{line}: invalid UTF-8 ({err.reason} at byte {err.start}); fix the file or set "
+            f"data.on_bad_utf8=replace to replace bad bytes with U+FFFD"
+        ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _table(src: list[str], tgt: list[str]) -> pa.Table:
+    return pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())})
+
+
+def _field(record: Any, dotted: str) -> Any:
+    """record["a"]["b"] for "a.b"; KeyError when a level is missing."""
+    for part in dotted.split("."):
+        record = record[part]
+    return record
+
+
+def _read_text_pair(cfg: DataConfig, stem: str) -> pa.Table:
+    root = Path(cfg.path)
+    src_path, tgt_path = root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"
+    src, tgt = read_lines(src_path, cfg.on_bad_utf8), read_lines(tgt_path, cfg.on_bad_utf8)
+    if len(src) != len(tgt):
+        raise CorpusError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has "
+            f"{len(tgt)}; they must pair line by line (nothing was truncated)"
+        )
+    return _table(src, tgt)
+
+
+def _read_tsv(cfg: DataConfig, stem: str) -> pa.Table:
+    path = Path(cfg.path) / f"{stem}.tsv"
+    src, tgt = [], []
+    for number, line in enumerate(read_lines(path, cfg.on_bad_utf8), start=1):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise CorpusError(
+                f"{path}:{number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
+            )
+        src.append(columns[0])
+        tgt.append(columns[1])
+    return _table(src, tgt)
+
+
+def _read_jsonl(cfg: DataConfig, stem: str) -> pa.Table:
+    path = Path(cfg.path) / f"{stem}.jsonl"
+    src_key, tgt_key = cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
+    src, tgt = [], []
+    for number, line in enumerate(read_lines(path, cfg.on_bad_utf8), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"{path}:{number}: invalid JSON ({err.msg} at column {err.colno})") from None
+        src.append(_string_field(record, src_key, f"{path}:{number}"))
+        tgt.append(_string_field(record, tgt_key, f"{path}:{number}"))
+    return _table(src, tgt)
+
+
+def _string_field(record: Any, key: str, where: str) -> str:
+    try:
+        value = _field(record, key)
+    except (KeyError, TypeError, IndexError):
+        raise CorpusError(f"{where}: field {key!r} is missing; set data.src_field / data.tgt_field") from None
+    if not isinstance(value, str):
+        raise CorpusError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _read_parquet(cfg: DataConfig, stem: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    path = Path(cfg.path) / f"{stem}.parquet"
+    if not path.exists():
+        raise CorpusError(f"{path}: file not found")
+    table = pq.read_table(path)
+    columns = []
+    for key in (cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang):
+        top, *rest = key.split(".")
+        if top not in table.column_names:
+            raise CorpusError(f"{path}: no column {top!r}; columns are {table.column_names}")
+        column = table.column(top)
+        for part in rest:  # struct fields, e.g. translation.en
+            column = pc.struct_field(column, part)
+        if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+            raise CorpusError(f"{path}: column {key!r} must hold strings, has {column.type}")
+        if column.null_count:
+            raise CorpusError(f"{path}: column {key!r} has {column.null_count} missing values")
+        columns.append(column.cast(pa.string()))
+    return pa.table({"src": columns[0], "tgt": columns[1]})
+
+
+def _read_hf(cfg: DataConfig, split_name: str) -> pa.Table:
+    """A split of a hub dataset (hf_name, hf_config) or of a saved dataset directory (path)."""
+    import datasets
+
+    if cfg.path:
+        saved = datasets.load_from_disk(cfg.path)
+        if split_name not in saved:
+            raise CorpusError(f"{cfg.path}: no split {split_name!r}; it has {list(saved)}")
+        dataset = saved[split_name]
+    else:
+        dataset = datasets.load_dataset(cfg.hf_name, cfg.hf_config or None, split=split_name)
+    src_key, tgt_key = cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
+    where = f"{cfg.path or cfg.hf_name}[{split_name}]"
+    src, tgt = [], []
+    for index, record in enumerate(dataset):
+        src.append(_string_field(record, src_key, f"{where} row {index}"))
+        tgt.append(_string_field(record, tgt_key, f"{where} row {index}"))
+    return _table(src, tgt)
+
+
+_FILE_READERS: dict[str, Callable[[DataConfig, str], pa.Table]] = {
+    "text": _read_text_pair, "tsv": _read_tsv, "jsonl": _read_jsonl, "parquet": _read_parquet,
+}
+
+
+def check_source(cfg: DataConfig) -> None:
+    """Fail early, before Ray starts, on a config that names no usable source."""
+    unknown = sorted(set(cfg.splits) - set(SPLITS))
+    if unknown:
+        raise CorpusError(f"data.splits: unknown split(s) {unknown}; use {list(SPLITS)}")
+    if "train" not in cfg.splits or "validation" not in cfg.splits:
+        raise CorpusError("data.splits must name at least a train and a validation split")
+    if cfg.src_lang == cfg.tgt_lang or not cfg.src_lang or not cfg.tgt_lang:
+        raise CorpusError(f"data.src_lang and data.tgt_lang must be two languages, got "
+                          f"{cfg.src_lang!r} and {cfg.tgt_lang!r}")
+    if cfg.source == "files" and not Path(cfg.path).is_dir():
+        raise CorpusError(f"data.path {cfg.path!r} is not a directory; point it at the corpus files")
+    if cfg.source == "hf" and not (cfg.hf_name or cfg.path):
+        raise CorpusError("data.source=hf needs data.hf_name (a hub dataset) or data.path (a saved one)")
+
+
+def read_corpus(cfg: DataConfig) -> dict[str, pa.Table]:
+    """Every configured split as a table of raw (src, tgt) strings."""
+    check_source(cfg)
+    if cfg.source == "demo":
+        from .demo_corpus import demo_corpus
+
+        sizes = {split: cfg.demo_sizes.get(split, 0) for split in SPLITS}
+        pairs = demo_corpus(sizes["train"], sizes["validation"], max(sizes["test"], 1), seed=cfg.seed)
+        return {split: _table([s for s, _ in pairs[split]], [t for _, t in pairs[split]])
+                for split in cfg.splits}
+    if cfg.source == "hf":
+        return {split: _read_hf(cfg, name) for split, name in cfg.splits.items()}
+    reader = _FILE_READERS[cfg.format]
+    return {split: reader(cfg, stem) for split, stem in cfg.splits.items()}
+
+
+def source_fingerprint(cfg: DataConfig) -> str:
+    """A hash of the raw data: file contents for local files, the generator's inputs for the demo."""
+    digest = hashlib.sha256()
+    if cfg.source == "demo":
+        from . import demo_corpus, demo_lexicon
+
+        # The generator's grammar and its word lists both decide the pairs it makes.
+        for module in (demo_corpus, demo_lexicon):
+            digest.update(Path(module.__file__).read_bytes())
+        digest.update(json.dumps([cfg.demo_sizes, cfg.seed], sort_keys=True).encode())
+    elif cfg.source == "hf" and not cfg.path:
+        digest.update(json.dumps([cfg.hf_name, cfg.hf_config, cfg.splits]).encode())
+    else:
+        root = Path(cfg.path)
+        for path in sorted(p for p in root.rglob("*") if p.is_file()) if cfg.source == "hf" else \
+                _source_files(cfg):
+            if not path.is_file():
+                raise CorpusError(f"{path}: file not found; check data.path, data.splits and the languages")
+            digest.update(str(path.relative_to(root)).encode())
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 22):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _source_files(cfg: DataConfig) -> list[Path]:
+    root = Path(cfg.path)
+    if cfg.format == "text":
+        return [root / f"{stem}.{lang}" for stem in cfg.splits.values() for lang in (cfg.src_lang, cfg.tgt_lang)]
+    return [root / f"{stem}.{cfg.format}" for stem in cfg.splits.values()]

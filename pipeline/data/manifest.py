@@ -1,0 +1,67 @@
+"""A prepared dataset: its manifest (counts, lengths, drops, hashes, layout) and how to read its splits."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..common import storage
+from ..text.tokenizer import Tokenizer
+from .corpus import CorpusError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 2  # bump when the layout of prepared data changes
+
+
+@dataclass
+class Manifest:
+    """What a prepared dataset holds: counts, lengths, drops per rule, hashes, file layout."""
+
+    path: str
+    content: dict[str, Any]
+
+    def split_dir(self, split: str) -> str:
+        """Directory of a split's Parquet shards."""
+        if split not in self.content["splits"]:
+            raise CorpusError(f"{self.path}: no split {split!r}; it has {sorted(self.content['splits'])}")
+        return storage.join(self.path, split)
+
+    def read_split(self, split: str, columns: list[str]):
+        """A split's columns as one pyarrow Table in corpus order (by "row"), however its shards were written."""
+        import pyarrow.parquet as pq
+
+        wanted = ["row", *(c for c in columns if c != "row")]
+        return pq.read_table(self.split_dir(split), columns=wanted).sort_by("row")
+
+    def tokenizer(self) -> Tokenizer:
+        """The SentencePiece model(s) the data was encoded with."""
+        files = [storage.read_bytes(storage.join(self.path, name)) for name in self.content["tokenizer"]["files"]]
+        return Tokenizer(*files)
+
+    @property
+    def sha256(self) -> str:
+        """The dataset's identity: the hash its directory is named after."""
+        return self.content["fingerprint"]
+
+    def summary(self) -> str:
+        """A few human-readable lines: where the data is, counts and drops per split."""
+        lines = [f"prepared data: {self.path}"]
+        for split, info in self.content["splits"].items():
+            dropped = ", ".join(f"{rule} {n}" for rule, n in info["dropped"].items() if n) or "none"
+            lines.append(
+                f"  {split:<10} {info['pairs']:>9,} pairs  src {info['src_tokens_mean']:.1f} / tgt "
+                f"{info['tgt_tokens_mean']:.1f} tokens on average  dropped: {dropped}"
+            )
+        tok = self.content["tokenizer"]
+        lines.append(f"  tokenizer  {tok['type']} {'joint' if tok['joint'] else 'separate'} "
+                     f"vocab {tok['src_vocab_size']}/{tok['tgt_vocab_size']}  sha256 {tok['sha256'][:12]}")
+        return "\n".join(lines)
+
+
+def load_manifest(path: str) -> Manifest:
+    """The manifest of a prepared dataset directory (its presence marks the data complete)."""
+    manifest_path = storage.join(path, MANIFEST)
+    if not storage.exists(manifest_path):
+        raise CorpusError(f"{path}: not a prepared dataset (no {MANIFEST}); run `nmt prepare` first")
+    return Manifest(path, json.loads(storage.read_bytes(manifest_path)))

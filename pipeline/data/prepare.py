@@ -1,0 +1,228 @@
+"""`nmt prepare` on Ray Data: read -> clean -> encode (SentencePiece) and write Parquet in Ray tasks -> manifest.
+
+The output directory is content-addressed (a hash of the source data and the data config),
+so re-running with identical inputs reuses it and any change prepares anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from ..common import log, storage
+from ..config import DataConfig
+from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
+from .corpus import CorpusError, check_source, read_corpus, source_fingerprint
+from .encode import DROP_RULES, clean_batch, encode_block, encode_settings, labeled_splits, length_counts
+from .manifest import FORMAT_VERSION, MANIFEST, Manifest, load_manifest
+
+# Pairs per Ray Data block (one task; a Parquet file per split in it): large, so that each
+# task's fixed cost (scheduling, files) stays small; benchmarks/prepare.py measures it.
+BLOCK_PAIRS = 100_000
+logger = log.get("prepare")
+
+
+def config_fingerprint(cfg: DataConfig) -> str:
+    """Hash of every data setting that changes the prepared output (not where it is written)."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("output_dir", "path")}
+    return hashlib.sha256(json.dumps([FORMAT_VERSION, settings], sort_keys=True).encode()).hexdigest()
+
+
+def prepared_path(cfg: DataConfig) -> tuple[str, str, str]:
+    """(directory, source hash, config hash): the directory is named after both hashes."""
+    src_hash, cfg_hash = source_fingerprint(cfg), config_fingerprint(cfg)
+    fingerprint = hashlib.sha256(f"{src_hash}:{cfg_hash}".encode()).hexdigest()[:16]
+    name = f"{cfg.source}-{cfg.src_lang}-{cfg.tgt_lang}-{fingerprint}"
+    return storage.join(cfg.output_dir, name), src_hash, cfg_hash
+
+
+def tokenizer_sample(table: pa.Table, size: int, seed: int) -> tuple[list[str], list[str]]:
+    """A seeded random sample of cleaned, non-empty training pairs for SentencePiece."""
+    rows = list(range(table.num_rows))
+    if len(rows) > size:
+        rows = sorted(random.Random(seed).sample(rows, size))
+    sample = clean_batch({"src": np.array(table.column("src").take(rows).to_pylist(), dtype=object),
+                          "tgt": np.array(table.column("tgt").take(rows).to_pylist(), dtype=object)})
+    keep = sample["drop"] == ""
+    return list(sample["src"][keep]), list(sample["tgt"][keep])
+
+
+def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) -> Manifest:
+    """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest."""
+    check_source(cfg)
+    final, src_hash, cfg_hash = prepared_path(cfg)
+    if not force and storage.exists(storage.join(final, MANIFEST)):
+        logger.info(f"reusing {final} (same source data and data config)")
+        return load_manifest(final)
+    started = time.perf_counter()
+    tables = read_corpus(cfg)
+    for split, table in tables.items():
+        if table.num_rows == 0:
+            raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
+    logger.info(", ".join(f"{split}: {t.num_rows:,} pairs read" for split, t in tables.items()))
+
+    tokenizer = train_tokenizer(*tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+                                vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
+                                joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
+    logger.info(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
+         f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
+
+    from ..common.cluster import ensure_ray
+
+    ensure_ray(address)
+    out = final if storage.is_uri(final) else storage.temporary_sibling(final)
+    try:
+        splits = prepare_splits(tables, tokenizer, cfg, out)
+        files = [path.rsplit("/", 1)[-1] for path in save_tokenizer(tokenizer, out)]
+        content = {
+            "format_version": FORMAT_VERSION, "fingerprint": final.rstrip("/").rsplit("-", 1)[-1],
+            "source": cfg.source, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+            "source_sha256": src_hash, "config_sha256": cfg_hash, "data_config": dataclasses.asdict(cfg),
+            "splits": splits,
+            "tokenizer": {"type": cfg.tokenizer_type, "joint": tokenizer.joint, "files": files,
+                          "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
+                          "sha256": tokenizer.sha256(), **SPECIAL_IDS},
+            "created_s": round(time.time(), 3), "seconds": round(time.perf_counter() - started, 2),
+        }
+        storage.write_bytes(storage.join(out, MANIFEST), json.dumps(content, indent=2).encode())
+    except BaseException:
+        if not storage.is_uri(final):
+            storage.remove_dir(out)  # nothing half-written is left behind
+        raise
+    if not storage.is_uri(final):
+        storage.publish_dir(out, final)
+    manifest = load_manifest(final)
+    logger.info(f"done in {time.perf_counter() - started:.1f}s")
+    return manifest
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
+    paths = []
+    for name, proto in tokenizer.files().items():  # through storage: the directory may be a URI
+        paths.append(storage.join(directory, name))
+        storage.write_bytes(paths[-1], proto)
+    return paths
+
+
+def prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
+    """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
+
+    One pipeline rather than one per split: each Ray Data execution has a fixed cost (planning,
+    scheduling, block metadata), which on a small corpus is more than the work itself.
+    """
+    import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
+    num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    parts = blocks(tables, cfg.num_shards, num_cpus)
+    settings = encode_settings(tokenizer, cfg)
+    if cfg.dedup:
+        return _prepare_deduplicated(ray.data.from_arrow(parts), settings, tables, cfg, out)
+    # Ray Data reserves resources per operator so that the stages of a longer pipeline do not
+    # starve one another; in this one-stage pass it only holds the second task back at the
+    # start. A Dataset keeps a copy of the context it was made with, so the setting is changed
+    # for this one and put back at once.
+    context = ray.data.DataContext.get_current()
+    reserve, context.op_resource_reservation_enabled = context.op_resource_reservation_enabled, False
+    try:
+        # One streaming pass: each task writes its block's shard itself and hands back only
+        # its length counts, so writing overlaps encoding and nothing large is materialised.
+        ds = ray.data.from_arrow(parts).map_batches(encode_block, batch_format="pyarrow", batch_size=None,
+                                                     fn_kwargs={"settings": settings, "out": out})
+    finally:
+        context.op_resource_reservation_enabled = reserve
+    counts = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")  # an empty block's are null-typed
+    return split_entries(tables, counts)
+
+
+def blocks(tables: dict[str, pa.Table], num_shards: int | None, num_cpus: int) -> list[pa.Table]:
+    """The splits, with "split" and "row" columns, sliced into the Ray Data blocks (one task each).
+
+    Slices become the blocks directly: a repartition would be an all-to-all shuffle.
+    """
+    labeled = labeled_splits(tables)
+    if num_shards:  # files per split, as asked: each split is sliced on its own
+        return [block for t in labeled for block in _slices(t, num_shards)]
+    # All splits end to end in equal blocks, so the tasks take equally long and the small
+    # validation and test splits share a task with training pairs instead of costing one each.
+    whole = pa.concat_tables(labeled)
+    waves = -(-whole.num_rows // (BLOCK_PAIRS * num_cpus))  # at most BLOCK_PAIRS per block
+    return _slices(whole, max(1, min(waves * num_cpus, whole.num_rows // 10_000)))  # not tiny
+
+
+def _slices(table: pa.Table, count: int) -> list[pa.Table]:
+    """`count` slices of (nearly) equal size, fewer if the table is shorter."""
+    size = max(1, -(-table.num_rows // count))
+    return [table.slice(start, size) for start in range(0, table.num_rows, size)]
+
+
+def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: DataConfig, out: str) -> dict:
+    """Encode everything, drop exact duplicates of the training split with a distributed group-by, write."""
+    import pyarrow.compute as pc
+    import ray
+    from ray.data.expressions import col
+
+    encoded = ds.map_batches(encode_block, batch_format="pyarrow", batch_size=None,
+                             fn_kwargs={"settings": settings, "out": None}).materialize()
+    # Counted where each block lives: a Ray Data pass has a fixed scheduling cost however small the data.
+    count = ray.remote(length_counts)
+    counts = pa.concat_tables(ray.get([count.remote(block) for block in encoded.to_arrow_refs()]))
+    train_kept = (col("split") == "train") & (col("drop") == "")
+    train = (encoded.filter(expr=train_kept).groupby(["src", "tgt"])
+             .map_groups(_mark_duplicates, batch_format="pandas").materialize())
+    # The kept training pairs are counted again after marking, so the statistics describe what is written.
+    was_kept = pc.and_(pc.equal(counts["split"], "train"), pc.equal(counts["drop"], ""))
+    counts = pa.concat_tables([counts.filter(pc.invert(was_kept)),
+                               *ray.get([count.remote(block) for block in train.to_arrow_refs()])],
+                              promote_options="permissive")  # pandas may hand back large_string columns
+    entries = split_entries(tables, counts)
+    for split in tables:
+        rows = train if split == "train" else encoded.filter(expr=col("split") == split)
+        rows = rows.filter(expr=col("drop") == "").drop_columns(["split", "drop"])
+        if cfg.num_shards:
+            rows = rows.repartition(cfg.num_shards)
+        rows.write_parquet(storage.join(out, split))
+    return entries
+
+
+def _mark_duplicates(group):
+    """A group of identical pairs with all but the earliest line marked drop = "duplicate"."""
+    group = group.sort_values("row")
+    group.iloc[1:, group.columns.get_loc("drop")] = "duplicate"
+    return group
+
+
+def split_entries(tables: dict[str, pa.Table], counts: pa.Table) -> dict:
+    """The manifest's entry per split from length_counts: pairs kept, drops per rule, token statistics."""
+    import pyarrow.compute as pc
+
+    entries = {}
+    for split, raw in tables.items():
+        mine = counts.filter(pc.equal(counts["split"], split))
+        drops, n = mine["drop"].to_numpy(zero_copy_only=False), mine["count_all"].to_numpy()
+        dropped = {rule: int(n[drops == rule].sum()) for rule in DROP_RULES}
+        keep = drops == ""
+        pairs = int(n[keep].sum())
+        if pairs == 0:
+            raise CorpusError(f"split {split!r} is empty after cleaning (dropped: {dropped}); "
+                              f"relax data.max_len / data.max_len_ratio or check the corpus")
+        # One value per pair again: exact statistics (a p99 too) from a few hundred counted rows.
+        src_len = np.repeat(mine["src_len"].to_numpy()[keep], n[keep])
+        tgt_len = np.repeat(mine["tgt_len"].to_numpy()[keep], n[keep])
+        logger.info(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
+             f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
+        entries[split] = {
+            "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped,
+            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
+            "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
+            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
+            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
+        }
+    return entries

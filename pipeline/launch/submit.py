@@ -1,0 +1,294 @@
+"""`nmt submit`: run an `nmt` command as a Ray Job on a cluster, through the Ray Jobs API.
+
+The job gets the project directory as its working_dir (data, runs, stores and caches left out),
+the MLflow tracking URI and the storage paths spelled out, so the job writes where the user
+looks; with --follow the logs stream here and the exit status mirrors the job's final status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from ..common import log, storage
+from ..common.errors import UserError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# What the job does not need: the virtualenv, prepared data, runs, local MLflow stores, caches.
+# Anchored at the project root (gitignore syntax); Ray also honours .gitignore.
+EXCLUDES = [
+    "/.venv/", "/data/", "/runs/", "/mlruns/", "/mlartifacts/", "/mlflow.db", "/benchmarks/.multi30k*",
+    "/test-artifacts/", "/.git/", "__pycache__/", "*.egg-info/", ".pytest_cache/", ".ruff_cache/",
+]
+EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
+TERMINAL = set(EXIT_CODES)
+logger = log.get("submit")
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+NOT_AS_JOBS = {
+    "submit": "a job cannot submit jobs",
+    "serve": "deploy the service with `serve deploy deploy/serve_config.yaml` instead (see deploy/README.md)",
+}
+TOKEN_HELP = ("set RAY_AUTH_MODE=token and put the cluster's token in RAY_AUTH_TOKEN, in a file named by "
+              "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)")
+
+
+@dataclass
+class Job:
+    """What is submitted: the entrypoint, its runtime_env, and warnings about paths the cluster may not see."""
+
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+def cluster_address(address: str | None) -> str:
+    """The dashboard URL: --address, else RAY_API_SERVER_ADDRESS or RAY_ADDRESS (as `ray job submit` reads them)."""
+    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise UserError("no cluster address: pass --address http://HEAD:8265 (the Ray dashboard) or set RAY_ADDRESS")
+    return address if "://" in address else f"http://{address}"
+
+
+def nmt_args(command: list[str]) -> list[str]:
+    """The nmt arguments of `nmt submit -- [nmt | python -m pipeline] COMMAND ...`."""
+    args = list(command)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] == ["nmt"]:
+        args = args[1:]
+    elif len(args) >= 3 and Path(args[0]).name.startswith("python") and args[1:3] == ["-m", "pipeline"]:
+        args = args[3:]
+    if not args:
+        raise UserError("nothing to submit: give the nmt command after --, e.g. nmt submit -- train --config "
+                        "configs/demo.yaml")
+    if args[0] in NOT_AS_JOBS:
+        raise UserError(f"`nmt {args[0]}` does not run as a job: {NOT_AS_JOBS[args[0]]}")
+    return args
+
+
+def plan(command: list[str], address: str, pip: bool = True) -> Job:
+    """Check the nmt command here, then build its entrypoint and runtime_env (no network)."""
+    from ..parser import build_parser
+
+    if not (PROJECT_ROOT / "pyproject.toml").is_file():
+        raise UserError(f"nmt submit uploads the project checkout as the job's working_dir, but {PROJECT_ROOT} "
+                        f"is not one (an installed copy?); run it from a clone installed with pip install -e")
+    args = nmt_args(command)
+    parsed = build_parser().parse_args(args)  # a bad command fails here, with argparse's message, exit 2
+    warnings: list[str] = []
+    env = {"PYTHONUNBUFFERED": "1"}
+    remote = urlparse(address).hostname not in LOCAL_HOSTS
+    if hasattr(parsed, "overrides"):
+        for flag in ("--config", "--space"):
+            args = _project_relative(args, flag)
+        from ..config import load_config
+
+        config_file = _value_of(args, "--config")
+        cfg = load_config(PROJECT_ROOT / config_file if config_file else None, parsed.overrides)
+        uri = _tracking_uri(cfg.tracking.tracking_uri)
+        runs, output = storage.absolute(cfg.train.storage_path), storage.absolute(cfg.data.output_dir)
+        env["MLFLOW_TRACKING_URI"] = uri
+        args += [*_set("tracking.tracking_uri", uri), *_set("train.storage_path", runs),
+                 *_set("data.output_dir", output)]
+        if remote and not uri.startswith(("http://", "https://", "databricks")):
+            warnings.append(f"the MLflow store {uri} is a path: the job writes it on the cluster's nodes, not "
+                            f"here; use an MLflow server they reach (--set tracking.tracking_uri=http://...)")
+        for key, path in (("train.storage_path", runs), ("data.output_dir", output)):
+            if remote and "://" not in path:
+                warnings.append(f"{key}={path} is a local path: it must be a volume shared by every node "
+                                f"(or an s3://, gs:// ... URI), else workers cannot read what others wrote")
+    runtime_env: dict[str, Any] = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": env}
+    if pip:
+        runtime_env["pip"] = {"packages": requirements(), "pip_check": False}
+    return Job("python -m pipeline " + shlex.join(args), runtime_env, warnings)
+
+
+def requirements() -> list[str]:
+    """The project's dependencies without Ray: the job runs on the cluster's Ray, which must not be replaced.
+
+    Ray builds the job's virtualenv on top of the node's site-packages, so requirements the image already
+    satisfies (torch above all) are not downloaded again; the env is cached per node for later jobs.
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the installed package's metadata says the same
+        from importlib import metadata
+
+        deps = [r for r in metadata.requires("transformer-nmt") or [] if "extra ==" not in r]
+    else:
+        deps = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in deps if not d.replace("[", " ").replace(">", " ").replace("=", " ").split()[0] == "ray"]
+
+
+def submit(command: list[str], address: str | None = None, follow: bool = False, pip: bool = True) -> int:
+    """Submit the command as a Ray Job; with follow, stream its logs and return its exit status."""
+    address = cluster_address(address)
+    job = plan(command, address, pip=pip)
+    for warning in job.warnings:
+        logger.warning(warning)
+    _check_listening(address)
+    with _cluster_errors(address):
+        client = _client(address)
+        job_id = client.submit_job(entrypoint=job.entrypoint, runtime_env=job.runtime_env,
+                                   metadata={"nmt_command": job.entrypoint[:500]})
+    logger.info(f"job {job_id} submitted to {address}: {job.entrypoint}")
+    if not follow:
+        print(job_id)
+        logger.info(f"follow it: ray job logs --address {address} --follow {job_id}\n"
+                    f"status:    ray job status --address {address} {job_id}\n"
+                    f"stop it:   ray job stop --address {address} {job_id}")
+        return 0
+    try:
+        with _cluster_errors(address):
+            status, message = asyncio.run(_follow(client, job_id))
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the interrupted log stream was on
+        logger.info(f"stopped following; job {job_id} keeps running (ray job stop --address {address} {job_id} "
+                    "stops it)")
+        return 130
+    logger.info(f"job {job_id} {status}" + (f": {message}" if message and status != "SUCCEEDED" else ""))
+    return EXIT_CODES.get(status, 1)
+
+
+async def _follow(client, job_id: str) -> tuple[str, str]:
+    """Print the job's logs as they come; then its final (status, message)."""
+    try:
+        async for lines in client.tail_job_logs(job_id):
+            sys.stdout.write(lines)
+            sys.stdout.flush()
+    except RuntimeError as err:  # the log stream broke (head restarted, proxy timeout): wait for the status
+        logger.warning(f"log stream ended early ({err}); waiting for the job to finish")
+    while True:
+        info = client.get_job_info(job_id)
+        status = str(getattr(info.status, "value", info.status))
+        if status in TERMINAL:
+            return status, info.message or ""
+        await asyncio.sleep(1.0)
+
+
+def _client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    # Ray lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override an explicit address; here --address wins.
+    saved = os.environ.get("RAY_API_SERVER_ADDRESS")
+    os.environ["RAY_API_SERVER_ADDRESS"] = address
+    try:
+        return JobSubmissionClient(address)
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        else:
+            os.environ["RAY_API_SERVER_ADDRESS"] = saved
+
+
+def _check_listening(address: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds, not minutes, when nothing listens at the address."""
+    url = urlparse(address)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return  # ray:// and other schemes are Ray's to resolve
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise UserError(f"nothing answers at {address} ({err.strerror or err}): start the cluster, or fix the "
+                        f"address: it is the Ray dashboard's, usually http://HEAD:8265 (KubeRay: kubectl "
+                        f"port-forward svc/CLUSTER-head-svc 8265:8265)") from None
+
+
+@contextlib.contextmanager
+def _cluster_errors(address: str):
+    """The cluster's refusals as one-line UserErrors: no token, a wrong token, no Jobs API."""
+    from ray.exceptions import AuthenticationError
+
+    try:
+        yield
+    except AuthenticationError as err:
+        raise UserError(_auth_message(address, str(err))) from None
+    except ConnectionError as err:
+        raise UserError(f"cannot reach the Ray Jobs API at {address} ({str(err).splitlines()[0]}); "
+                        f"is it the dashboard address (usually port 8265)?") from None
+    except RuntimeError as err:
+        raise UserError(f"the cluster at {address} refused the job: {str(err).splitlines()[0][:300]}") from None
+
+
+def _auth_message(address: str, error: str) -> str:
+    """Which token is missing or wrong, and where Ray's clients look for one."""
+    source = _token_source()
+    mode = os.environ.get("RAY_AUTH_MODE", "")
+    if error.startswith("Authentication failed"):  # 403: a token was sent and refused
+        return (f"the cluster at {address} refused the auth token from {source}: it is not this cluster's token; "
+                f"{TOKEN_HELP}")
+    if mode.lower() != "token" and source:
+        return (f"the cluster at {address} requires a Ray auth token and none was sent: there is one in {source}, "
+                f"but Ray's clients send it only with RAY_AUTH_MODE=token; set RAY_AUTH_MODE=token")
+    return f"the cluster at {address} requires a Ray auth token and none was found: {TOKEN_HELP}"
+
+
+def _token_source() -> str:
+    """Where Ray's token loader finds a token, in its order of precedence, or ""."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        return f"RAY_AUTH_TOKEN_PATH={path}" if Path(path).is_file() else ""
+    default = Path.home() / ".ray" / "auth_token"
+    return str(default) if default.is_file() else ""
+
+
+def _project_relative(args: list[str], flag: str) -> list[str]:
+    """args with the file after flag made relative to the project root, the job's working directory."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = _relative_file(out[i + 1], flag)
+        elif arg.startswith(flag + "="):
+            out[i] = f"{flag}={_relative_file(arg.split('=', 1)[1], flag)}"
+    return out
+
+
+def _relative_file(value: str, flag: str) -> str:
+    for candidate in (Path(value), PROJECT_ROOT / value):
+        if candidate.is_file():
+            try:
+                return str(candidate.resolve().relative_to(PROJECT_ROOT))
+            except ValueError:
+                raise UserError(f"{flag} {value} is outside the project directory {PROJECT_ROOT}, which is all "
+                                f"the job receives: copy it into the project (e.g. configs/)") from None
+    raise UserError(f"{flag} {value} does not exist (looked in {Path.cwd()} and {PROJECT_ROOT})")
+
+
+def _value_of(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _tracking_uri(configured: str) -> str:
+    """The store the job should log to: as `nmt` would resolve it here, with a relative SQLite path made absolute."""
+    from ..track.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(configured)
+    if "://" not in uri:  # a bare directory: MLflow's file store
+        uri = str(Path(uri).resolve())
+    return uri
+
+
+def _set(key: str, value: str) -> list[str]:
+    """A --set pair whose value reads back as the same string (quoted when YAML would read it otherwise)."""
+    import json
+
+    return ["--set", f"{key}={value}" if yaml.safe_load(value) == value else f"{key}={json.dumps(value)}"]
+

@@ -1,0 +1,86 @@
+"""`nmt translate` and `nmt evaluate`: a packaged model (any MLflow model URI) applied to text files or a split."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from ..common import log
+from ..common.errors import UserError
+from ..data.corpus import read_lines
+from ..text.metrics import check_counts, score_with_signatures
+from ..track import registry, tracking
+
+PROGRESS_EVERY_S = 5.0
+logger = log.get("translate")
+
+
+def translate(model, texts: list[str], beam_size: int, batch_size: int = 32, progress: bool = False) -> list[str]:
+    """Translations through the pyfunc's predict, batched, with progress lines (every few seconds) for long inputs."""
+    import pandas as pd
+
+    out: list[str] = []
+    started = last_line = time.perf_counter()
+    for start in range(0, len(texts), batch_size):
+        batch = pd.DataFrame({"src": texts[start: start + batch_size]})
+        out.extend(model.predict(batch, params={"beam_size": beam_size})["translation"].tolist())
+        now = time.perf_counter()
+        if progress and (now - last_line >= PROGRESS_EVERY_S or len(out) == len(texts)):
+            rate = len(out) / max(now - started, 1e-9)
+            eta = (len(texts) - len(out)) / max(rate, 1e-9)
+            logger.info(f"{len(out)}/{len(texts)} sentences, {rate:.1f}/s, ETA {eta:.0f}s")
+            last_line = now
+    return out
+
+
+def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], list[str], str]:
+    """(sources, references, data path) of a prepared split: --data, else the dataset the version was trained on."""
+    from ..data.manifest import load_manifest
+
+    path = data_dir or (version.tags.get("data_path") if version is not None else None)
+    if not path:
+        raise UserError("--split needs the prepared dataset: pass --data DIR (from `nmt prepare`), or a "
+                        "models:/ URI whose version carries a data_path tag")
+    table = load_manifest(path).read_split(split, ["src", "tgt"])
+    return table.column("src").to_pylist(), table.column("tgt").to_pylist(), path
+
+
+def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int, src_file: str | None = None,
+             ref_file: str | None = None, split: str | None = None, data_dir: str | None = None) -> dict:
+    """Translate, score with sacreBLEU, log an evaluation run linked to the model version; returns the scores."""
+    uri = tracking.connect(tracking_uri)
+    version = registry.model_version(uri, model_uri)
+    if split:
+        sources, references, where = split_texts(version, split, data_dir)
+        where = f"{where} split {split}"
+    else:
+        sources, references = read_lines(Path(src_file)), read_lines(Path(ref_file))
+        where = f"{src_file} vs {ref_file}"
+        if len(sources) != len(references):
+            raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}: "
+                            f"they must pair line by line")
+    model = registry.load(uri, model_uri)
+    hypotheses = translate(model, sources, beam_size, progress=True)
+    check_counts(hypotheses, references)
+    scores = score_with_signatures(hypotheses, references)
+    label = split or Path(src_file).stem
+    tags = {"nmt.kind": "evaluation", "model_uri": model_uri, "evaluated_on": where}
+    if version is not None:
+        tags.update({"registered_model": version.name, "model_version": str(version.version),
+                     "source_run_id": version.run_id or ""})
+    run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
+    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", {"beam_size": beam_size}, tags)
+    tracking.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
+    with tempfile.TemporaryDirectory() as tmp:
+        hyp_file = Path(tmp) / f"{label}.hyp.txt"
+        hyp_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        tracking.log_artifacts(uri, run_id, [hyp_file])
+    tracking.end_run(uri, run_id, tags={k: str(v) for k, v in scores.items() if k.endswith("signature")})
+    if version is not None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(uri)
+        client.set_model_version_tag(version.name, version.version, f"{label}_bleu", f"{scores['bleu']:.2f}")
+        client.set_model_version_tag(version.name, version.version, f"{label}_eval_run", run_id)
+    return {**scores, "sentences": len(hypotheses), "run_id": run_id}

@@ -1,0 +1,261 @@
+"""The Ray Serve translation service: POST /translate, GET /healthz, dynamic batching over sentences.
+
+`nmt serve` runs it on a local (or RAY_ADDRESS) Ray instance; `serve run deploy/serve_config.yaml`
+and `serve deploy` build it through `build_app`, Serve's application builder.
+"""
+
+# No `from __future__ import annotations`: Ray pickles the deployment class by value, with only the globals
+# its code names, so FastAPI could not resolve a string annotation such as "Request" in the replica.
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from starlette.exceptions import HTTPException
+
+from ..common import log
+from ..common.errors import UserError
+from ..config import Config, ServeConfig, TrackingConfig, set_value
+from ..track import tracking
+from ..track.registry import champion_uri
+from ..track.tracking import redact
+
+DEFAULT_BEAM_SIZE = 4
+MAX_BEAM_SIZE = 16  # beam search cost grows with the beam; larger beams are for offline `nmt evaluate`
+FIELDS = ("texts", "beam_size")
+APP_NAME = "nmt"
+logger = log.get("serve")
+
+api = FastAPI(title="Transformer NMT", docs_url=None, redoc_url=None)
+
+
+class BadRequest(Exception):
+    """A request the service refuses: HTTP status and the message of its JSON error body."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@api.exception_handler(HTTPException)
+async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
+    # FastAPI's own 404/405 answers, in the same {"error": ...} shape as ours.
+    return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
+
+
+def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str], int]:
+    """(texts, beam_size) of a /translate body, or BadRequest saying what is wrong with it."""
+    if len(body) > max_texts * (max_chars + 8) * 12 + 4096:  # \ud83d\ude00: 12 bytes of JSON for one character
+        raise BadRequest(413, f"request body of {len(body)} bytes is too large")
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise BadRequest(400, f"request body is not valid JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(400, 'request body must be a JSON object like {"texts": ["..."], "beam_size": 4}')
+    unknown = sorted(set(payload) - set(FIELDS))
+    if unknown:
+        raise BadRequest(400, f"unknown field {unknown[0]!r}; known fields: {', '.join(FIELDS)}")
+    if "texts" not in payload:
+        raise BadRequest(400, '"texts" is required: a list of strings to translate')
+    texts = payload["texts"]
+    if not isinstance(texts, list):
+        raise BadRequest(400, f'"texts" must be a list of strings, got {type(texts).__name__}')
+    if not texts:
+        raise BadRequest(400, '"texts" is empty: give at least one sentence')
+    if len(texts) > max_texts:
+        raise BadRequest(413, f'"texts" has {len(texts)} items; at most {max_texts} per request')
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequest(400, f'"texts"[{i}] must be a string, got {type(text).__name__}')
+        if len(text) > max_chars:
+            raise BadRequest(413, f'"texts"[{i}] has {len(text)} characters; at most {max_chars}')
+    beam_size = payload.get("beam_size", DEFAULT_BEAM_SIZE)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
+        raise BadRequest(400, f'"beam_size" must be an integer from 1 to {MAX_BEAM_SIZE}, got {beam_size!r}')
+    return texts, beam_size
+
+
+def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
+    """(URI to load, version label): an alias pinned to its version now, so every replica loads the same one."""
+    from ..track.registry import model_version
+
+    version = model_version(tracking_uri, model_uri)
+    if version is not None:
+        return f"models:/{version.name}/{version.version}", str(version.version)
+    if model_uri.startswith("models:/"):
+        raise UserError(f"model {model_uri!r} is not in the registry at {redact(tracking_uri)}; register one with "
+                        f"`nmt train` / `nmt promote`, or pass --model runs:/RUN_ID/model")
+    return model_uri, model_uri
+
+
+def _to_gpu_if_any(model) -> None:
+    """Move our packaged Translator onto the replica's GPU when Serve gave it one (ray_actor_options num_gpus)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    translator = getattr(model.unwrap_python_model(), "translator", None)
+    if translator is not None:
+        translator.model.to("cuda")
+
+
+@serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64)
+@serve.ingress(api)
+class TranslationService:
+    """One replica: a loaded pyfunc model; requests are split into sentences that @serve.batch regroups."""
+
+    def __init__(self, model_uri: str, version: str, tracking_uri: str, max_batch_size: int,
+                 batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float):
+        from ..track import registry
+
+        self.model_uri, self.version, self.tracking_uri = model_uri, version, tracking_uri
+        self.max_texts, self.max_chars, self.request_timeout_s = max_texts, max_chars, request_timeout_s
+        self.model = registry.load(tracking_uri, model_uri)
+        _to_gpu_if_any(self.model)
+        self._translate_one.set_max_batch_size(max_batch_size)
+        self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        """Liveness and the model served; a replica answers only after its model has loaded."""
+        return {"status": "ok", "model_uri": self.model_uri, "model_version": self.version,
+                "mean_batch_size": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else None}
+
+    @api.post("/translate")
+    async def translate(self, request: Request) -> JSONResponse:
+        """{"texts": [...], "beam_size": 4} -> {"translations": [...], "model_version": "..."}."""
+        try:
+            texts, beam_size = parse_request(await request.body(), self.max_texts, self.max_chars)
+        except BadRequest as err:
+            return JSONResponse({"error": err.message}, status_code=err.status)
+        try:
+            translations = await asyncio.wait_for(
+                asyncio.gather(*(self._translate_one((text, beam_size)) for text in texts)), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"error": f"no translation within {self.request_timeout_s:g}s; the service is "
+                                          f"overloaded, retry later"}, status_code=504, headers={"Retry-After": "1"})
+        except Exception as err:  # a bug, not the client's fault; still JSON, and the replica goes on
+            logging.getLogger("ray.serve").exception("translation failed")
+            return JSONResponse({"error": f"translation failed: {type(err).__name__}: {err}"}, status_code=500)
+        return JSONResponse({"translations": translations, "model_version": self.version})
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)
+    async def _translate_one(self, items: list[tuple[str, int]]) -> list[str]:
+        """Sentences from any requests, one model call per beam size (the decoder batches them)."""
+        self.batch_sizes = [*self.batch_sizes[-999:], len(items)]
+        by_beam: dict[int, list[int]] = defaultdict(list)
+        for i, (_, beam_size) in enumerate(items):
+            by_beam[beam_size].append(i)
+        out = [""] * len(items)
+        for beam_size, rows in by_beam.items():
+            # In a thread: decoding holds the event loop otherwise, and /healthz and new requests would wait.
+            result = await asyncio.to_thread(self._predict, [items[i][0] for i in rows], beam_size)
+            for i, translation in zip(rows, result):
+                out[i] = translation
+        return out
+
+    def _predict(self, texts: list[str], beam_size: int) -> list[str]:
+        import pandas as pd
+
+        frame = self.model.predict(pd.DataFrame({"src": texts}), params={"beam_size": beam_size})
+        return [str(t) for t in frame["translation"].tolist()]
+
+
+def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = TrackingConfig.registered_model):
+    """The Serve application for a serve config section: the model resolved and pinned, limits applied."""
+    uri = tracking.connect(tracking_uri)
+    model_uri, version = resolve_model(uri, cfg.model_uri or champion_uri(registered_model))
+    return _bind(cfg, uri, model_uri, version)
+
+
+def _bind(cfg: ServeConfig, tracking_uri: str, model_uri: str, version: str):
+    deployment = TranslationService.options(
+        max_ongoing_requests=cfg.max_ongoing_requests, max_queued_requests=cfg.max_queued_requests,
+        # Overflow answers 503 at once, with a hint when to retry, instead of queueing without bound.
+        backpressure_config={"status_code": 503, "retry_after_s": 1},
+    )
+    return deployment.bind(model_uri, version, tracking_uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
+                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s)
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """Serve's application builder (import_path pipeline.serve.service:build_app): serve-section keys and tracking_uri.
+
+    Values from `serve run pipeline.serve.service:build_app model_uri=... max_batch_size=8` arrive as strings and are
+    read as YAML scalars, the same as `--set`; unknown keys are errors that name the key.
+    """
+    args = dict(args or {})
+    tracking_uri = str(args.pop("tracking_uri", "") or "")
+    cfg = Config()
+    for key, value in args.items():
+        if isinstance(value, str):
+            import yaml
+
+            value = yaml.safe_load(value) if value.strip() else ""
+        set_value(cfg, f"serve.{key}", value, where="serve application args")
+    return app_for(cfg.serve, tracking_uri, cfg.tracking.registered_model)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before starting Ray when the port is taken: Serve's proxy would only log the failure and retry."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); choose another with --port, "
+                            f"or --host") from None
+
+
+def run(cfg: Config, address: str | None = None) -> int:
+    """`nmt serve`: deploy on Ray, print the URL, block until Ctrl-C or SIGTERM, then shut Serve down."""
+    import signal
+
+    from ..common.cluster import ensure_ray
+
+    s = cfg.serve
+    uri = tracking.connect(cfg.tracking.tracking_uri)
+    asked = s.model_uri or champion_uri(cfg.tracking.registered_model)
+    model_uri, version = resolve_model(uri, asked)  # fails fast, before Ray starts, when it is missing
+    app = _bind(s, uri, model_uri, version)
+    if address == "local" or not (address or os.environ.get("RAY_ADDRESS")):  # Serve's proxy will run here
+        _check_port_free(s.host, s.port)
+    ensure_ray(address)
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        # Serve's own end-to-end timeout is the backstop for requests still queued at the proxy.
+        serve.start(http_options={"host": s.host, "port": s.port, "request_timeout_s": s.request_timeout_s + 5})
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+        except RuntimeError as err:
+            raise UserError(f"the translation service did not start: {str(err).splitlines()[0][:300]}") from None
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        print(f"serving {asked} (version {version}) at http://{host}:{s.port}  "
+              f"(POST /translate, GET /healthz); Ctrl-C stops", flush=True)
+        if s.host not in ("127.0.0.1", "localhost", "::1"):
+            logger.warning(f"listening on {s.host}: anyone who can reach this port can use the service")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        logger.info("shutting down")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        serve.shutdown()
+        import ray
+
+        ray.shutdown()

@@ -1,0 +1,114 @@
+"""Text in, text out: a trained Transformer with its SentencePiece tokenizer.
+
+Imports only torch, sentencepiece, safetensors and `model`, because the packaged MLflow
+model ships this file and must load where neither Ray nor this repo is installed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from model import Transformer, TransformerConfig, beam_search, greedy_search
+
+from .tokenizer import PAD_ID, Tokenizer
+
+WEIGHTS_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+
+
+@torch.no_grad()
+def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], beam_size: int = 4,
+                  alpha: float = 0.6, max_tokens: int = 8000, max_len: int | None = None) -> list[list[int]]:
+    """Decode source id lists in length-sorted batches of about max_tokens source tokens; input order kept."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    # An empty source has nothing to attend to (its softmax would be all -inf): it translates to nothing.
+    order = sorted((i for i in range(len(sources)) if len(sources[i])), key=lambda i: len(sources[i]))
+    outputs: list[list[int]] = [[] for _ in sources]
+    start = 0
+    while start < len(order):
+        longest = max(1, len(sources[order[start]]))
+        end = start + 1
+        while end < len(order) and (end - start + 1) * max(longest, len(sources[order[end]])) <= max_tokens:
+            longest = max(longest, len(sources[order[end]]))
+            end += 1
+        chunk = order[start:end]
+        width = max(1, max(len(sources[i]) for i in chunk))
+        src = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src[row, : len(sources[i])] = torch.as_tensor(list(sources[i]), dtype=torch.long)
+        src = src.to(device)
+        if beam_size == 1:
+            hyps = greedy_search(model, src, max_len=max_len)
+        else:
+            hyps = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len)
+        for i, hyp in zip(chunk, hyps):
+            outputs[i] = hyp
+        start = end
+    model.train(was_training)
+    return outputs
+
+
+class Translator:
+    """A model and its tokenizer; translate() batches, decodes with beam search and detokenizes."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, beam_size: int = 4, alpha: float = 0.6):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.beam_size, self.alpha = beam_size, alpha
+
+    @classmethod
+    def from_state(cls, state_dict: dict[str, torch.Tensor], config: TransformerConfig, tokenizer: Tokenizer,
+                   **options) -> Translator:
+        """A translator from weights already in memory (a checkpoint's, or an average of several)."""
+        model = Transformer(config)
+        model.load_state_dict(state_dict)
+        return cls(model, tokenizer, **options)
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, tokenizer: Tokenizer, **options) -> Translator:
+        """A translator from a training checkpoint directory (weights_only loading)."""
+        from ..common import checkpoint
+
+        state = checkpoint.load(directory)
+        return cls.from_state(state["model"], TransformerConfig.from_dict(state["model_config"]), tokenizer,
+                              **options)
+
+    @classmethod
+    def from_files(cls, directory: str | Path, **options) -> Translator:
+        """A translator from save()'s files: safetensors weights, a JSON config, SentencePiece model(s)."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        config = TransformerConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
+        return cls.from_state(load_file(directory / WEIGHTS_FILE), config, Tokenizer.load(directory), **options)
+
+    def save(self, directory: str | Path) -> list[Path]:
+        """Write the weights (safetensors: no pickle), the config (JSON) and the tokenizer: no Python objects."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Tied embeddings share storage, which safetensors refuses; clone each tensor on its own.
+        weights = {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(weights, directory / WEIGHTS_FILE)
+        (directory / CONFIG_FILE).write_text(json.dumps(self.model.cfg.to_dict(), indent=2))
+        return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, *self.tokenizer.save(directory)]
+
+    def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
+                  max_len: int | None = None, batch_size: int = 64,
+                  on_progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """Translations of texts, in order; on_progress(done, total) after each batch."""
+        beam = beam_size or self.beam_size
+        alpha = self.alpha if alpha is None else alpha
+        out: list[str] = []
+        for start in range(0, len(texts), batch_size):
+            ids = self.tokenizer.encode_src(list(texts[start: start + batch_size]))
+            hyps = translate_ids(self.model, ids, beam_size=beam, alpha=alpha, max_len=max_len)
+            out.extend(self.tokenizer.decode_tgt(hyps))
+            if on_progress:
+                on_progress(len(out), len(texts))
+        return out

@@ -1,0 +1,77 @@
+"""Pictures for MLflow: learning curves and per-layer, per-head attention maps (matplotlib, no display)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # workers and CI have no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from ..text.tokenizer import BOS_ID  # noqa: E402
+from ..text.translator import Translator  # noqa: E402
+
+KINDS = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
+         "cross": "encoder-decoder attention"}
+
+
+def learning_curves(history: dict[str, list[tuple[int, float]]], title: str = "") -> Figure:
+    """Train and validation loss (left) and validation BLEU (right) against the update step."""
+    fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key in ("train_loss", "val_loss"):
+        if history.get(key):
+            loss_ax.plot(*zip(*history[key]), label=key, marker="." if key == "val_loss" else None)
+    loss_ax.set(xlabel="update", ylabel="label-smoothed loss per token")
+    loss_ax.legend()
+    if history.get("val_bleu"):
+        bleu_ax.plot(*zip(*history["val_bleu"]), marker="o", color="tab:green")
+    bleu_ax.set(xlabel="update", ylabel="validation BLEU")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _kind(name: str) -> str:
+    if name.startswith("encoder"):
+        return "encoder_self"
+    return "cross" if name.endswith("cross_attn") else "decoder_self"
+
+
+@torch.no_grad()
+def attention_maps(translator: Translator, source: str) -> dict[str, Figure]:
+    """One figure per attention kind: layers as rows, heads as columns, for the model's own translation."""
+    model, tokenizer = translator.model, translator.tokenizer
+    src_ids = tokenizer.encode_src([source])[0]
+    hyp = translator.translate([source], beam_size=1)[0]
+    tgt_ids = tokenizer.encode_tgt([hyp])[0]
+    modules = model.attention_modules()
+    for module in modules.values():
+        module.store_attention = True
+    try:
+        model(torch.tensor([src_ids]), torch.tensor([[BOS_ID, *tgt_ids]]))
+        weights = {name: m.last_attention[0].cpu() for name, m in modules.items()}  # [heads, q, k]
+    finally:
+        for module in modules.values():
+            module.store_attention, module.last_attention = False, None
+    src_pieces = [tokenizer.src.id_to_piece(i) for i in src_ids]
+    tgt_in = ["<s>", *(tokenizer.tgt.id_to_piece(i) for i in tgt_ids)]
+    figures = {}
+    for kind, label in KINDS.items():
+        names = [n for n in weights if _kind(n) == kind]
+        heads = weights[names[0]].shape[0]
+        fig, axes = plt.subplots(len(names), heads, figsize=(2.6 * heads, 2.6 * len(names)), squeeze=False)
+        rows, cols = (src_pieces, src_pieces) if kind == "encoder_self" else \
+            (tgt_in, tgt_in) if kind == "decoder_self" else (tgt_in, src_pieces)
+        for layer, name in enumerate(names):
+            for head in range(heads):
+                ax = axes[layer][head]
+                ax.imshow(weights[name][head].numpy(), cmap="viridis", aspect="auto")
+                ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
+                ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5)
+                ax.set_yticks(range(len(rows)), rows, fontsize=5)
+        fig.suptitle(f"{label}: {source[:80]}")
+        fig.tight_layout()
+        figures[kind] = fig
+    return figures

@@ -1,0 +1,81 @@
+"""What a run leaves in MLflow around training: its inputs before, its best checkpoint as a model after.
+
+`nmt train` and `nmt tune` both log their inputs with `log_inputs` and publish through
+`publish`, so a trial's champion is packaged exactly like a single run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..common import checkpoint, log
+from ..common.errors import UserError
+from ..config import Config
+from ..data.manifest import Manifest
+from . import tracking
+
+logger = log.get("train")
+
+
+def log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_file: str | None,
+               extra_files: tuple[str, ...] = ()) -> None:
+    """The resolved config (and the file it came from), the manifest and the tokenizer, as run artifacts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        resolved = Path(tmp) / "config.resolved.yaml"
+        resolved.write_text(tracking.redact(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
+        tok_dir = Path(tmp) / "tokenizer"
+        tok_dir.mkdir()
+        manifest.tokenizer().save(tok_dir)
+        manifest_file = Path(tmp) / "manifest.json"
+        manifest_file.write_text(json.dumps(manifest.content, indent=2))
+        paths: list[str | Path] = [resolved, manifest_file, *extra_files]
+        if config_file and os.path.isfile(config_file):  # a copy, with any password in a URI redacted
+            paths.append(Path(tmp) / Path(config_file).name)
+            paths[-1].write_text(tracking.redact(Path(config_file).read_text(encoding="utf-8")))
+        tracking.log_artifacts(uri, run_id, paths)
+        tracking.log_artifacts(uri, run_id, sorted(tok_dir.iterdir()), artifact_path="tokenizer")
+
+
+def best_checkpoint(result) -> tuple[Any, dict] | None:
+    """The kept checkpoint of a Ray Train result with the highest val_bleu (the averaged one if it won) that loads."""
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if "val_bleu" in m]
+    for candidate, metrics in sorted(scored, key=lambda cm: cm[1]["val_bleu"], reverse=True):
+        try:
+            with candidate.as_directory() as directory:
+                checkpoint.load(directory)
+        except UserError as err:  # damaged after it was reported: the next best one is published instead
+            logger.warning(f"{err}; publishing the next best checkpoint")
+            continue
+        return candidate, metrics
+    return None
+
+
+def publish(cfg: Config, uri: str, run_id: str, best, metrics: dict, manifest: Manifest, register: bool = True):
+    """Pictures and sample translations for the run, then (optionally) a registered model version.
+
+    Done once per run: a rerun of a finished run finds its version and adds nothing.
+    """
+    from ..text.translator import Translator
+    from . import registry
+    from .report import log_run_report, validation_sample
+
+    name = cfg.tracking.registered_model
+    existing = registry.version_of_run(uri, name, run_id)
+    if existing:
+        logger.info(f"run already registered as {name} version {existing}")
+        return None
+    with best.as_directory() as directory:
+        translator = Translator.from_checkpoint(directory, manifest.tokenizer(), beam_size=cfg.train.beam_size,
+                                                alpha=cfg.train.length_penalty)
+    log_run_report(uri, run_id, translator, manifest, title=cfg.tracking.experiment)
+    if not register:
+        return None
+    tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path}
+    return registry.register(uri, run_id, translator, name, float(metrics["val_bleu"]), tags,
+                             example=validation_sample(manifest, 1)[0][0])

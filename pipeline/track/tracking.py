@@ -1,0 +1,236 @@
+"""MLflow tracking: the one module that imports mlflow (besides the packaged model's own file)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..common import log
+from ..common.errors import UserError
+
+logger = log.get("mlflow")
+
+RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating a duplicate
+TRIAL_TAG = "nmt.trial_id"  # a trial's child run, found again from Tune's results
+STEP_KEYS = ("step",)
+_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the password of scheme://user:password@host
+
+
+def redact(text: str) -> str:
+    """text with every URI's password replaced by ***: for messages, MLflow params and logged configs."""
+    return _PASSWORD.sub(r"\1:***@", text)
+
+
+def resolve_tracking_uri(configured: str = "") -> str:
+    """tracking.tracking_uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
+
+    A relative SQLite path is made absolute: Ray actors that log metrics run elsewhere.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    hide_run_links(uri)
+    return uri
+
+
+def connect(configured: str = "") -> str:
+    """The tracking URI resolved (resolve_tracking_uri) and checked to answer (check_reachable): what commands use."""
+    uri = resolve_tracking_uri(configured)
+    check_reachable(uri)
+    return uri
+
+
+def hide_run_links(uri: str) -> None:
+    """Stop MLflow printing "View run at <link>" when the link would carry the URI's password."""
+    if redact(uri) != uri:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, before any training, when an MLflow server does not answer; create a new SQLite store."""
+    if uri.startswith("sqlite:///"):
+        _create_sqlite_store(uri)
+    if not uri.startswith(("http://", "https://")):
+        return
+    parts = urllib.parse.urlsplit(uri.rstrip("/"))
+    health = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], path=f"{parts.path}/health").geturl()
+    try:  # /health needs no credentials; urllib would take user:password@ for part of the host name
+        with urllib.request.urlopen(health, timeout=timeout_s) as response:
+            if response.status == 200:
+                return
+    except (urllib.error.URLError, OSError) as err:
+        raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({err}); start it or fix "
+                        f"MLFLOW_TRACKING_URI / tracking.tracking_uri") from None
+    raise UserError(f"MLflow tracking server {redact(uri)} answered /health with an error")
+
+
+def _create_sqlite_store(uri: str) -> None:
+    """Create (or open) an SQLite store under a file lock next to it.
+
+    Two commands that start at once on a store that does not exist yet would both run MLflow's
+    schema migrations on it, and one of them would fail; the lock makes the second one wait.
+    """
+    import fcntl
+
+    from mlflow.tracking import MlflowClient
+
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # the tracking tables
+        client.search_registered_models(max_results=1)  # and the registry's
+
+
+def git_commit() -> str:
+    """The project's git commit, or "unknown" outside a checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
+              parent_run_id: str | None = None) -> str:
+    """The id of the MLflow run for run_name: the existing one when resuming, else a new one."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    existing = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
+                                  max_results=1)
+    if existing:
+        run_id = existing[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    all_tags = {RUN_NAME_TAG: run_name, "mlflow.runName": run_name, **tags}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    items = sorted(params.items())
+    for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
+        client.log_batch(run.info.run_id, params=[
+            mlflow.entities.Param(k, redact(str(v))[:6000]) for k, v in items[start: start + 100]])
+    return run.info.run_id
+
+
+def _metric_entries(metrics: dict[str, Any]) -> list:
+    """The numeric metrics of one report as MLflow entities at its step, stamped now."""
+    import time
+
+    import mlflow
+
+    step = int(metrics.get("step", 0))
+    now = int(time.time() * 1000)
+    return [mlflow.entities.Metric(k, float(v), now, step) for k, v in metrics.items()
+            if k not in STEP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
+    """Log the numeric metrics of one report at its step."""
+    from mlflow.tracking import MlflowClient
+
+    entries = _metric_entries(metrics)
+    if entries:
+        MlflowClient(uri).log_batch(run_id, metrics=entries)
+
+
+class MetricLogger:
+    """Logs reports to MLflow without ever failing training: while the store is unreachable, reports
+    wait in a bounded buffer (with their original timestamps) and go out once it answers again."""
+
+    MAX_PENDING = 100_000  # metric entries; beyond it the oldest are dropped, and the gap is reported
+    BATCH = 1000  # MLflow's limit of metrics per log_batch call
+
+    def __init__(self, uri: str, run_id: str):
+        self.uri, self.run_id = uri, run_id
+        self.pending: list = []
+        self.dropped = 0
+        self.failing_since: float | None = None
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Queue one report's metrics and send everything queued, or keep it for the next try."""
+        import time
+
+        from mlflow.tracking import MlflowClient
+
+        self.pending.extend(_metric_entries(metrics))
+        if len(self.pending) > self.MAX_PENDING:
+            self.dropped += len(self.pending) - self.MAX_PENDING
+            del self.pending[: len(self.pending) - self.MAX_PENDING]
+        sent = 0
+        try:
+            client = MlflowClient(self.uri)
+            while self.pending:
+                client.log_batch(self.run_id, metrics=self.pending[: self.BATCH])
+                sent += min(self.BATCH, len(self.pending))
+                del self.pending[: self.BATCH]
+        except Exception as err:  # any store failure: training must go on
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+                logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {str(err)[:200]}); "
+                               "training goes on and the metrics are kept until MLflow answers again")
+            return
+        if self.failing_since is not None:
+            lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
+            logger.warning(f"{redact(self.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
+                           f"logged {sent} delayed metric values{lost}")
+            self.failing_since, self.dropped = None, 0
+
+
+def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:
+    """Copy files into the run's artifacts."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    for path in paths:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:
+    """Mark the run finished (or FAILED / KILLED), with any last tags."""
+    from mlflow.tracking import MlflowClient
+
+    hide_run_links(uri)  # also in Ray actors (trials), which do not share the driver's environment
+    client = MlflowClient(uri)
+    for key, value in (tags or {}).items():
+        client.set_tag(run_id, key, value)
+    client.set_terminated(run_id, status=status)
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of a metric, in step order."""
+    from mlflow.tracking import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def report_callback(uri: str, run_id: str):
+    """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place)."""
+    from ray.train import UserCallback
+
+    class MLflowReportCallback(UserCallback):
+        def __init__(self):
+            self.logger = MetricLogger(uri, run_id)
+
+        def after_report(self, run_context, metrics, checkpoint):
+            log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
+            # This process only logs metrics: an unreachable server should cost seconds per report,
+            # not MLflow's default minutes of retries that would stall the controller.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            if metrics:
+                self.logger.log(metrics[0])
+
+    return MLflowReportCallback()

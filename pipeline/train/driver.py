@@ -1,0 +1,105 @@
+"""`nmt train`: prepared data -> TorchTrainer(ScalingConfig, RunConfig) -> one MLflow run -> best model published."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..common import log
+from ..config import Config
+from ..data.manifest import Manifest
+from ..track import tracking
+from ..track.publish import best_checkpoint, publish
+from .run import prepare_run, start_tracked_run, tracked_fit
+from .workers import TRAIN_COLUMNS
+
+logger = log.get("train")
+
+
+@dataclass
+class TrainOutcome:
+    """What a finished training run left behind."""
+
+    run_name: str
+    run_id: str
+    metrics: dict[str, Any]  # the best checkpoint's metrics
+    checkpoint_path: str | None  # the best checkpoint (by val_bleu), in storage
+    storage_path: str
+    manifest: Manifest
+    registered: Any = None  # registry.Registered, when the run registered a model version
+
+
+def default_run_name(cfg: Config) -> str:
+    """A name derived from the config, so re-running the same command resumes the same run."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "train")}
+    settings["train"] = {k: v for k, v in settings["train"].items() if k != "run_name"}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return f"train-{digest}"
+
+
+def train_dataset(manifest: Manifest):
+    """The train split as a materialized Ray Dataset of the columns workers read.
+
+    Materialized up front (once per sweep, not per trial): training workers may hold every CPU
+    of the cluster, and a lazy read would then wait forever for a CPU to run its read tasks on.
+    """
+    import ray.data
+
+    return ray.data.read_parquet(manifest.split_dir("train")).select_columns(TRAIN_COLUMNS).materialize()
+
+
+def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
+                  callbacks: list | None = None, train_data=None):
+    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial."""
+    # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
+    # and a timed-out attempt can leave its placement group behind for the retry to wait on.
+    # Ray propagates this variable from the process calling fit() to the controller.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from .loop import train_loop
+
+    train = cfg.train
+    scaling = ScalingConfig(
+        num_workers=train.num_workers, use_gpu=train.use_gpu,
+        resources_per_worker={"CPU": train.cpus_per_worker, **({"GPU": 1} if train.use_gpu else {})},
+        placement_strategy=train.placement_strategy,
+    )
+    run_config = RunConfig(
+        name=run_name, storage_path=storage_path,
+        failure_config=FailureConfig(max_failures=train.max_failures),
+        # The best K by val_bleu; Ray Train also keeps the latest one, which resume needs.
+        checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints,
+                                           checkpoint_score_attribute="val_bleu", checkpoint_score_order="max"),
+        callbacks=callbacks or [],
+        logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
+    )
+    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level()}
+    return TorchTrainer(train_loop, train_loop_config=loop_config,
+                        scaling_config=scaling, run_config=run_config,
+                        datasets={"train": train_data if train_data is not None else train_dataset(manifest)})
+
+
+def train(cfg: Config, address: str | None = None, config_file: str | None = None) -> TrainOutcome:
+    """Prepare (or reuse) the data, train on Ray Train, track everything in one MLflow run."""
+    setup = prepare_run(cfg, address)
+    run_name = cfg.train.run_name or default_run_name(cfg)
+    run_id = start_tracked_run(setup, cfg, run_name, cfg.flat(), {}, config_file)
+    logger.info(f"run {run_name} (MLflow run {run_id}, storage {setup.storage_path}/{run_name})")
+    trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,
+                            callbacks=[tracking.report_callback(setup.uri, run_id)])
+    with tracked_fit(setup.uri, run_id):
+        result = trainer.fit()
+    best = best_checkpoint(result)
+    metrics = best[1] if best else dict(result.metrics or {})
+    registered = None
+    if best:
+        registered = publish(cfg, setup.uri, run_id, best[0], metrics, setup.manifest, register=cfg.tracking.register)
+    tracking.end_run(setup.uri, run_id, tags={"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}",
+                                              "best_checkpoint": best[0].path if best else ""})
+    return TrainOutcome(run_name, run_id, metrics, best[0].path if best else None, setup.storage_path,
+                        setup.manifest, registered)

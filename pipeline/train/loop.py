@@ -1,0 +1,331 @@
+"""The per-worker training loop (plain PyTorch): token-budget batches -> DDP steps -> validation -> report.
+
+The only code that runs on training workers. Ray (or torchrun) reaches it through a
+WorkerContext; the loop itself knows nothing of either, so the same code trains under
+`nmt train`, inside a Tune trial, and under `torchrun -m pipeline.train.loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from model import Transformer, average_checkpoints, label_smoothed_cross_entropy, warmup_schedule
+
+from ..common import checkpoint, log
+from ..common.errors import UserError
+from ..config import Config, config_from_dict
+from ..data.batching import collate, equalize_batch_count, token_budget_batches
+from ..data.manifest import load_manifest
+from ..text.metrics import score
+from ..text.translator import translate_ids
+from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
+
+logger = log.get("train")
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    finished: bool = False
+    train_seconds: float = 0.0  # wall-clock time spent training so far, across restarts
+    history: list[dict] = field(default_factory=list)  # validation metrics so far
+
+
+def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """bf16 where the GPU supports it, fp16 (with a GradScaler) otherwise, off on CPU."""
+    if setting == "off" or device.type != "cuda":
+        return None
+    if setting == "bf16" or (setting == "auto" and torch.cuda.is_bf16_supported()):
+        return torch.bfloat16
+    return torch.float16
+
+
+def _examples(table) -> tuple[list[list[int]], list[list[int]]]:
+    return table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()
+
+
+class Replica:
+    """One data-parallel replica: its model, optimizer and data, and the steps that change them."""
+
+    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext):
+        self.cfg, self.ctx, self.train_cfg = cfg, ctx, cfg.train
+        manifest = load_manifest(data_path)
+        self.tokenizer = manifest.tokenizer()
+        tgt_vocab = None if self.tokenizer.joint else self.tokenizer.tgt_vocab_size
+        self.model_cfg = cfg.transformer_config(self.tokenizer.src_vocab_size, tgt_vocab)
+        torch.manual_seed(self.train_cfg.seed)  # every rank starts from the same weights
+        random.seed(self.train_cfg.seed + ctx.world_rank)
+        self.model = Transformer(self.model_cfg).to(ctx.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), betas=(0.9, 0.98), eps=1e-9)
+        self.scheduler = warmup_schedule(self.optimizer, self.model_cfg.d_model, self.train_cfg.warmup_steps,
+                                         self.train_cfg.lr_scale)
+        self.amp_dtype = _amp_dtype(self.train_cfg.amp, ctx.device)
+        self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
+        self.progress = Progress()
+        self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
+        self._restore()
+        self.ddp_model = ctx.prepare_model(self.model)
+        if self.train_cfg.compile:
+            self.ddp_model = torch.compile(self.ddp_model)
+        self.src, self.tgt = _examples(ctx.train_shard(data_path))
+        self.src_len = np.fromiter(map(len, self.src), dtype=np.int64, count=len(self.src))
+        self.tgt_len = np.fromiter(map(len, self.tgt), dtype=np.int64, count=len(self.tgt))
+        val = manifest.read_split("validation", ["src_ids", "tgt_ids", "tgt"])
+        self.val_src, self.val_tgt = _examples(val)
+        self.val_refs = val.column("tgt").to_pylist()
+
+    def _restore(self) -> None:
+        """Resume from the newest checkpoint that loads; a corrupt or unsafe one is skipped with a warning."""
+        refused = []
+        for directory in self.ctx.resume_candidates():
+            try:  # every rank reads the same model file, so all ranks skip the same checkpoints
+                state = checkpoint.load(directory, map_location=self.ctx.device)
+            except UserError as err:
+                refused.append(str(err))
+                if self.ctx.is_main:
+                    logger.warning(f"{err}; falling back to the checkpoint before it")
+                continue
+            self._load_state(directory, state)
+            return
+        if refused:
+            raise UserError(f"none of this run's {len(refused)} checkpoints can be loaded ({refused[-1]}); "
+                            "delete the run's directory under train.storage_path to start it over")
+
+    def _load_state(self, directory: str, state: dict) -> None:
+        """Model, optimizer, schedule, progress and this rank's RNG streams from a loaded checkpoint."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        try:
+            rng = checkpoint.load_rng(directory, self.ctx.world_rank)
+        except Exception as err:  # a damaged RNG file only costs bit-exact resumption, not the run
+            logger.warning(f"rank {self.ctx.world_rank}'s RNG state in {directory} cannot be loaded "
+                 f"({type(err).__name__}); continuing with fresh random streams")
+            rng = None
+        if rng is not None:
+            checkpoint.set_rng_state(rng)
+        if self.ctx.is_main:
+            logger.info(f"resumed from step {self.progress.step} (epoch {self.progress.epoch}, "
+                  f"batch {self.progress.batch_in_epoch})")
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
+        batches = token_budget_batches(self.src_len, self.tgt_len, self.train_cfg.max_tokens,
+                                       seed=self.train_cfg.seed + self.ctx.world_rank, epoch=epoch)
+        return equalize_batch_count(batches, all_reduce_max(len(batches), self.ctx.device),
+                                    self.src_len, self.tgt_len)
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """Updates the whole run will make (for the ETA and the end condition)."""
+        per_epoch = math.ceil(batches_per_epoch / self.train_cfg.update_freq)
+        total = per_epoch * self.train_cfg.epochs
+        return min(total, self.train_cfg.max_steps) if self.train_cfg.max_steps else total
+
+    def update(self, batches: list[np.ndarray]) -> tuple[float, int]:
+        """One optimizer update over update_freq micro-batches; returns (loss sum, target tokens) over ranks."""
+        self.ddp_model.train()
+        loss_sum, tokens = 0.0, 0
+        for i, index in enumerate(batches):
+            src, tgt_in, tgt_out = collate([self.src[j] for j in index], [self.tgt[j] for j in index])
+            src, tgt_in, tgt_out = (t.to(self.ctx.device, non_blocking=True) for t in (src, tgt_in, tgt_out))
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.ddp_model, "no_sync") \
+                else self.ddp_model.no_sync()  # all-reduce gradients once per update, not per micro-batch
+            with sync:
+                with torch.autocast(self.ctx.device.type, dtype=self.amp_dtype or torch.float32,
+                                    enabled=self.amp_dtype is not None):
+                    logits = self.ddp_model(src, tgt_in)
+                loss, _, count = label_smoothed_cross_entropy(logits, tgt_out, self.train_cfg.label_smoothing,
+                                                              self.model_cfg.pad_id, compute_nll=False)
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.item()
+            tokens += int(count)
+        loss_sum, total_tokens = all_reduce_sum([loss_sum, tokens], self.ctx.device)
+        # DDP averaged the per-rank gradient sums; rescale so that every target token in the
+        # global batch weighs the same: grad = sum over all tokens / all tokens.
+        self.scaler.unscale_(self.optimizer)
+        factor = self.ctx.world_size / max(total_tokens, 1.0)
+        torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], factor)
+        if self.train_cfg.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss_sum, int(total_tokens)
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Validation loss over all ranks; BLEU and chrF of beam search, decoding split across ranks."""
+        model = unwrap(self.ddp_model)
+        model.eval()
+        rank, size = self.ctx.world_rank, self.ctx.world_size
+        mine = list(range(rank, len(self.val_src), size))
+        loss_sum, nll_sum, tokens = 0.0, 0.0, 0
+        for start in range(0, len(mine), 64):
+            chunk = mine[start: start + 64]
+            src, tgt_in, tgt_out = (t.to(self.ctx.device) for t in collate(
+                [self.val_src[i] for i in chunk], [self.val_tgt[i] for i in chunk]))
+            loss, nll, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out,
+                                                            self.train_cfg.label_smoothing, self.model_cfg.pad_id)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + int(count)
+        loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], self.ctx.device)
+        hyps = translate_ids(model, [self.val_src[i] for i in mine], beam_size=self.train_cfg.beam_size,
+                             alpha=self.train_cfg.length_penalty)
+        texts = dict(zip(mine, self.tokenizer.decode_tgt(hyps)))
+        for part in all_gather_objects(texts):
+            texts.update(part)
+        scores = score([texts[i] for i in range(len(self.val_refs))], self.val_refs)
+        # DDP keeps replicas identical; if they ever differ, every later number is meaningless.
+        checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+        checksums = all_gather_objects(checksum)
+        if max(checksums) != min(checksums):
+            raise RuntimeError(f"data-parallel ranks diverged: parameter checksums {checksums}")
+        return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
+                "val_bleu": scores["bleu"], "val_chrf": scores["chrf"]}
+
+    def report(self, metrics: dict, keep_snapshot: bool = True) -> None:
+        """Checkpoint (rank 0 writes the state, every rank its RNG) and report to the launcher."""
+        if keep_snapshot:
+            self.snapshots = (self.snapshots + [{k: v.detach().to("cpu", copy=True)
+                                                 for k, v in self.model.state_dict().items()}])
+            self.snapshots = self.snapshots[-self.train_cfg.average_last:]
+        directory = tempfile.mkdtemp(prefix="nmt-ckpt-")
+        state = None
+        if self.ctx.is_main:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                     "progress": self.progress.__dict__, "model_config": self.model_cfg.to_dict(),
+                     "metrics": metrics}
+        checkpoint.save(directory, self.ctx.world_rank, state)
+        self.ctx.report(metrics, directory)
+
+    def average_and_report(self, best_bleu: float) -> None:
+        """Evaluate the average of the last checkpoints (Sec. 6.1) and report it as a checkpoint of its own.
+
+        Checkpoints are kept by val_bleu, so the average becomes the run's best only if it wins.
+        """
+        if len(self.snapshots) < 2:
+            return
+        self.model.load_state_dict(average_checkpoints(self.snapshots))
+        metrics = {**self.validate(), "averaged": len(self.snapshots)}
+        if self.ctx.is_main:
+            logger.info(f"average of the last {len(self.snapshots)} checkpoints: val_bleu "
+                 f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
+        self.report({**self.position_metrics(), **metrics}, keep_snapshot=False)
+
+    def position_metrics(self) -> dict:
+        """Where training stands (step, epoch) and the learning rate: part of every report."""
+        return {"step": self.progress.step, "epoch": self.progress.epoch,
+                "lr": self.optimizer.param_groups[0]["lr"]}
+
+
+def _eta(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
+    """Entry point on every worker: rebuild the config, train, validate, report, until done."""
+    log.setup(loop_config.get("log_level", logging.INFO), process_stderr=True)  # a worker process of its own
+    cfg = config_from_dict(loop_config["config"])
+    ctx = ctx or RayContext()
+    replica = Replica(cfg, loop_config["data_path"], ctx)
+    progress, train_cfg = replica.progress, cfg.train
+    if progress.finished:
+        return
+    val_interval = train_cfg.val_interval
+    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+    log_every = train_cfg.log_every
+    total = None
+    while not progress.finished:
+        batches = replica.epoch_batches(progress.epoch)
+        total = total or replica.total_steps(len(batches))
+        run_start_step, run_start = progress.step, time.perf_counter()
+        seconds_before = progress.train_seconds
+        position = progress.batch_in_epoch
+        while position < len(batches) and not progress.finished:
+            group = batches[position: position + train_cfg.update_freq]
+            loss_sum, tokens = replica.update(group)
+            position += len(group)
+            progress.step, progress.batch_in_epoch = progress.step + 1, position
+            window_loss, window_tokens = window_loss + loss_sum, window_tokens + tokens
+            end_of_epoch = position >= len(batches)
+            out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
+            progress.train_seconds = seconds_before + time.perf_counter() - run_start
+            if train_cfg.time_budget_s and progress.step % log_every == 0:
+                # Every rank must stop at the same step, or the next all-reduce hangs: agree on it.
+                out_of_steps |= bool(all_reduce_max(int(progress.train_seconds >= train_cfg.time_budget_s),
+                                                    replica.ctx.device))
+            if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
+                progress.finished = True
+            due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
+            if progress.step % log_every == 0 or due or progress.finished:
+                elapsed = time.perf_counter() - window_start
+                rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
+                metrics = {"train_loss": window_loss / max(window_tokens, 1),
+                           "tokens_per_s": window_tokens / elapsed, "train_seconds": progress.train_seconds,
+                           **replica.position_metrics()}
+                if ctx.is_main:
+                    remaining = (total - progress.step) / max(rate, 1e-9)
+                    if train_cfg.time_budget_s:
+                        remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
+                    eta = _eta(max(remaining, 0.0))
+                    logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
+                         f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
+                         f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")
+                window_loss, window_tokens = 0.0, 0
+                if due or progress.finished:
+                    if end_of_epoch and not progress.finished:
+                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                    metrics.update(replica.validate())
+                    progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
+                    if ctx.is_main:
+                        logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                              f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+                    replica.report(metrics)
+                else:
+                    ctx.report(metrics)
+                window_start = time.perf_counter()  # throughput windows leave validation out
+        if not progress.finished and progress.batch_in_epoch >= len(batches):
+            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+    best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0
+    replica.average_and_report(best)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The same loop without Ray: `torchrun --nproc-per-node N -m pipeline.train.loop --config F --data DIR`."""
+    import argparse
+    import os
+
+    from ..config import load_config
+    from .workers import TorchrunContext
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.train.loop", description=main.__doc__)
+    parser.add_argument("--config", help="experiment YAML file")
+    parser.add_argument("--data", required=True, help="a prepared dataset directory (from nmt prepare)")
+    parser.add_argument("--checkpoints", help="checkpoint directory (default: <storage_path>/<run_name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    root = args.checkpoints or os.path.join(cfg.train.storage_path, cfg.train.run_name or "torchrun")
+    train_loop({"config": cfg.to_dict(), "data_path": args.data}, TorchrunContext(root))
+
+
+if __name__ == "__main__":
+    main()

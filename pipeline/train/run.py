@@ -1,0 +1,76 @@
+"""What `nmt train` and `nmt tune` share around a fit: the start-up, the tracked MLflow run, Ctrl-C.
+
+    setup = prepare_run(cfg, address)              # MLflow answers, Ray is up and big enough, data prepared
+    run_id = start_tracked_run(setup, cfg, name, ...)  # the MLflow run (found again on resume), inputs logged
+    with tracked_fit(setup.uri, run_id):           # Ctrl-C -> KILLED, an error -> FAILED
+        result = trainer.fit()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..common import storage
+from ..common.cluster import check_capacity, ensure_ray
+from ..config import Config
+from ..data.manifest import Manifest
+from ..data.prepare import prepare
+from ..track import tracking
+from ..track.publish import log_inputs
+
+
+@dataclass
+class RunSetup:
+    """Where a run logs and writes, and the data it trains on."""
+
+    uri: str  # the MLflow tracking URI, checked to answer
+    manifest: Manifest
+    storage_path: str  # train.storage_path, absolute: Ray Train's storage for runs and sweeps
+
+
+def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None) -> RunSetup:
+    """Check MLflow, connect to Ray (then call on_ray), check the cluster fits the workers, prepare the data."""
+    uri = tracking.connect(cfg.tracking.tracking_uri)
+    ensure_ray(address)
+    if on_ray is not None:
+        on_ray()
+    check_capacity(cfg, cfg.train.resource_wait_s)
+    manifest = prepare(cfg.data, address=address)
+    return RunSetup(uri, manifest, storage.absolute(cfg.train.storage_path))
+
+
+def start_tracked_run(setup: RunSetup, cfg: Config, name: str, params: dict, tags: dict[str, str],
+                      config_file: str | None, extra_files: tuple[str, ...] = ()) -> str:
+    """The MLflow run called `name` (the existing one when resuming), with the run's inputs as artifacts."""
+    manifest = setup.manifest
+    tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
+            "tokenizer_sha256": manifest.content["tokenizer"]["sha256"], **tags}
+    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags)
+    log_inputs(setup.uri, run_id, cfg, manifest, config_file, extra_files)
+    return run_id
+
+
+@contextlib.contextmanager
+def tracked_fit(uri: str, run_id: str):
+    """Around Trainer.fit() or Tuner.fit(): Ctrl-C marks the run KILLED (a rerun resumes it), an error FAILED.
+
+    Yields the SIGINT handler from before the fit (a sweep compares it to tell Ctrl-C from the end) and puts
+    it back after:
+    Ray Train's handler outlives fit(), and a later Ctrl-C (while publishing) would exit 0.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        try:
+            yield handler
+        except SystemExit:  # Ray Train's Ctrl-C handler aborts the run, then exits: it was an interrupt
+            raise KeyboardInterrupt from None
+    except BaseException as err:
+        tracking.end_run(uri, run_id, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,193 @@
+"""What a training worker needs from its launcher, behind one small interface: Ray Train or torchrun.
+
+The worker loop (loop.py) sees only a WorkerContext: its rank, its device, its shard of
+the training data, a way to wrap the model for DDP, and report(). RayContext supplies them
+from Ray Train; TorchrunContext from torchrun's environment, so the same loop runs on a GPU
+machine that has torch but no Ray.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from torch import nn
+
+TRAIN_COLUMNS = ["row", "src_ids", "tgt_ids"]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model under DDP and torch.compile wrappers (the one place that unwraps)."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (a no-op on one process)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_reduce_max(value: int, device: torch.device) -> int:
+    """The largest value over ranks (value itself on one process)."""
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def all_gather_objects(obj: object) -> list[object]:
+    """Every rank's obj, in rank order (a one-item list on one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+class WorkerContext(abc.ABC):
+    """The launcher-specific services of one training worker."""
+
+    world_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that saves checkpoints and prints progress (the one gate)."""
+        return self.world_rank == 0
+
+    @abc.abstractmethod
+    def train_shard(self, data_path: str) -> pa.Table:
+        """This rank's training examples (columns row, src_ids, tgt_ids), sorted by row."""
+
+    @abc.abstractmethod
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Move the model to this worker's device and wrap it for data parallelism."""
+
+    @abc.abstractmethod
+    def resume_candidates(self) -> Iterator[str]:
+        """Local directories of this run's checkpoints, newest first: the later ones are fallbacks."""
+
+    @abc.abstractmethod
+    def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        """Publish metrics (and a checkpoint directory written by this rank); all ranks must call it."""
+
+
+class RayContext(WorkerContext):
+    """Ray Train supplies the process group, the dataset shard and report()."""
+
+    def __init__(self):
+        import logging
+
+        import ray.train
+        import ray.train.torch
+        from ray.train.v2._internal.execution import context as train_context
+
+        # Ray Train logs every report's full metrics dict at INFO; our own progress line says it better.
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+        context = ray.train.get_context()
+        self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
+
+    def train_shard(self, data_path: str) -> pa.Table:
+        import ray.train
+
+        shard = ray.train.get_dataset_shard("train")
+        blocks = [pa.Table.from_pydict(batch) if isinstance(batch, dict) else batch
+                  for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow")]
+        table = pa.concat_tables(blocks).select(TRAIN_COLUMNS)
+        # Sorting makes the shard's order independent of how Ray Data scheduled the blocks.
+        return table.sort_by("row")
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model)
+
+    def resume_candidates(self) -> Iterator[str]:
+        import ray.train
+
+        latest = ray.train.get_checkpoint()
+        if latest is None:
+            return
+        yield self._download(latest)
+        # Asked for only when the latest cannot be loaded: the others Ray Train still keeps.
+        older = [r for r in ray.train.get_all_reported_checkpoints() if r.checkpoint.path != latest.path]
+        for reported in sorted(older, key=lambda r: r.metrics.get("step", -1), reverse=True):
+            yield self._download(reported.checkpoint)
+
+    def _download(self, checkpoint) -> str:
+        self._restored = tempfile.TemporaryDirectory(prefix="nmt-restore-")  # the previous one is deleted
+        return checkpoint.to_directory(self._restored.name)
+
+    def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        import ray.train
+
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint_dir:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # uploaded to storage by now
+
+
+class TorchrunContext(WorkerContext):
+    """torchrun (or a single plain process): env:// process group, Parquet read directly, local checkpoints."""
+
+    def __init__(self, checkpoint_root: str):
+        self.world_rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(self.device)
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        self.checkpoint_root = Path(checkpoint_root)
+        self._reports = 0
+
+    def train_shard(self, data_path: str) -> pa.Table:
+        from ..data.manifest import load_manifest
+
+        table = load_manifest(data_path).read_split("train", TRAIN_COLUMNS)
+        return table.take(list(range(self.world_rank, table.num_rows, self.world_size)))
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if self.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def resume_candidates(self) -> Iterator[str]:
+        found = sorted((p for p in self.checkpoint_root.glob("checkpoint_*") if p.is_dir()), reverse=True)
+        yield from map(str, found)
+
+    def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        if checkpoint_dir:
+            target = self.checkpoint_root / f"checkpoint_{metrics.get('step', self._reports):09d}"
+            target.mkdir(parents=True, exist_ok=True)
+            for item in Path(checkpoint_dir).iterdir():  # ranks write distinct files
+                shutil.move(str(item), target / item.name)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        if dist.is_initialized():
+            dist.barrier()  # the same barrier semantics as ray.train.report
+        if self.is_main:
+            print(json.dumps({"report": self._reports, **metrics}), file=sys.stderr, flush=True)
+        self._reports += 1

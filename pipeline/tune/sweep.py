@@ -1,0 +1,200 @@
+"""`nmt tune`: a Ray Tune sweep in which every trial is a Ray Train run, tracked as nested MLflow runs.
+
+Trials run `run_trial`, which applies the sampled values to the base config and fits the
+same TorchTrainer as `nmt train` (build_trainer), reporting to Tune through
+TuneReportCallback and to the trial's MLflow child run through our own callback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..common import log
+from ..common.errors import UserError
+from ..config import Config, config_from_dict
+from ..track import tracking
+from ..track.publish import publish
+from ..train.driver import build_trainer, train_dataset
+from ..train.run import prepare_run, start_tracked_run, tracked_fit
+from .search_space import apply, grid_size, load_space, to_tune
+from .summary import SweepOutcome, best_trial, log_summary, summarize
+
+logger = log.get("tune")
+
+
+
+def default_sweep_name(cfg: Config, space_text: str) -> str:
+    """A name from the config and the space, so the same command finds the same sweep again."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "train", "tune")}
+    digest = hashlib.sha256((json.dumps(settings, sort_keys=True) + space_text).encode()).hexdigest()[:10]
+    return f"tune-{digest}"
+
+
+def max_concurrent(cfg: Config) -> int:
+    """tune.max_concurrent_trials, else as many whole trials as the cluster's CPUs (and GPUs) hold."""
+    import ray
+
+    if cfg.tune.max_concurrent_trials:
+        return cfg.tune.max_concurrent_trials
+    resources = ray.cluster_resources()
+    train = cfg.train
+    fits = int(resources.get("CPU", 0) // (train.num_workers * train.cpus_per_worker))
+    if train.use_gpu:
+        fits = min(fits, int(resources.get("GPU", 0) // train.num_workers))
+    return max(1, fits)
+
+
+def _validation_reports():
+    """TuneReportCallback for validation reports only: Tune schedules on val_bleu, progress lines go to MLflow."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class ValidationReports(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            if metrics and "val_bleu" in metrics[0]:
+                super().after_report(run_context, metrics, checkpoint)
+
+    return ValidationReports()
+
+
+def run_trial(params: dict[str, Any], setup: dict[str, Any], train_data=None) -> None:
+    """One trial: the base config plus the sampled values, trained by the same TorchTrainer as `nmt train`."""
+    from ray import tune
+
+    from ..data.manifest import load_manifest
+
+    trial_id = tune.get_context().get_trial_id()
+    cfg, problem = apply(config_from_dict(setup["base"]), params)
+    uri = setup["uri"]
+    child = tracking.start_run(uri, setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(),
+                               {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
+                                **{f"param.{k}": str(v) for k, v in params.items()}},
+                               parent_run_id=setup["parent_run_id"])
+    if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
+        tracking.end_run(uri, child, status="KILLED", tags={"rejected": problem})
+        tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
+        return
+    trainer = build_trainer(cfg, load_manifest(setup["data_path"]), trial_id, setup["train_storage"],
+                            callbacks=[_validation_reports(), tracking.report_callback(uri, child)],
+                            train_data=train_data)
+    trainer.fit()
+    tracking.end_run(uri, child)
+
+
+def _check_state_api(cfg: Config) -> None:
+    """Warn when ASHA's early stops could not give their CPUs back (Ray's State API is unreachable)."""
+    from ..common.cluster import state_api_problem
+
+    if cfg.tune.scheduler == "asha" and (problem := state_api_problem()):
+        logger.warning(f"Ray's State API is unavailable ({problem}); trials ASHA stops early may keep their CPUs "
+                       "and stall the sweep. Start Ray with its dashboard (the default of `ray start` and ray.init).")
+
+
+def _scheduler(cfg: Config):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if cfg.tune.scheduler == "fifo":
+        return FIFOScheduler()
+    # time_attr "step": rungs are counted in optimizer updates, whatever the epoch size. max_t lies
+    # beyond the last update, so a trial that reaches it ends on its own (checkpoint averaging,
+    # a clean Train shutdown) instead of being stopped by ASHA at its final report.
+    return ASHAScheduler(time_attr="step", max_t=(cfg.train.max_steps or 10**9) + 1,
+                         grace_period=cfg.tune.grace_period, reduction_factor=cfg.tune.reduction_factor)
+
+
+def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:
+    """(search algorithm or None, param_space, num_samples) for tune.search."""
+    param_space, samples = to_tune(space), cfg.tune.num_samples
+    if cfg.tune.search == "grid":
+        param_space = to_tune({k: ("grid", args) if name == "choice" else (name, args)
+                               for k, (name, args) in space.items()})
+        return None, param_space, 1 if all(n in ("choice", "grid") for n, _ in space.values()) else samples
+    if cfg.tune.search == "optuna":
+        try:
+            from ray.tune.search.optuna import OptunaSearch
+        except ImportError:
+            raise UserError("tune.search=optuna needs Optuna: pip install optuna") from None
+        if grid_size(space) > 1:
+            raise UserError("tune.search=optuna cannot sample grid keys; use choice instead of grid")
+        return OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode), param_space, samples
+    return None, param_space, samples
+
+
+def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool | None = False,
+          config_file: str | None = None) -> SweepOutcome:
+    """Run (or resume) the sweep, then summarize it in the parent MLflow run and register the best model.
+
+    resume: True continues an existing sweep, False refuses to touch one, None resumes one if it exists.
+    """
+    from ray import tune
+
+    space = load_space(space_path, cfg)  # a bad space fails here, before MLflow, Ray or data
+    space_text = Path(space_path).read_text(encoding="utf-8")
+    run = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
+    uri, manifest, storage = run.uri, run.manifest, run.storage_path
+    name = cfg.tune.name or default_sweep_name(cfg, space_text)
+    path = f"{storage}/{name}"
+    exists = tune.Tuner.can_restore(path)
+    if resume is None:
+        resume = exists
+    if exists and not resume:
+        raise UserError(f"sweep {name} already exists at {path}: add --resume to continue it, "
+                        f"or --set tune.name=NEW for a new one")
+    if resume and not exists:
+        raise UserError(f"no sweep to resume at {path}; run it once without --resume")
+    parent = start_tracked_run(run, cfg, name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
+                               config_file, extra_files=(space_path,))
+    logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
+    setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
+             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train"}
+    # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
+    # CPU (a bundle cannot be empty, so a little memory stands in).
+    # Read once here: a Ray Data read inside a trial would be confined to the trial's (CPU-less) placement group.
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, train_data=train_dataset(manifest)),
+                                    {"cpu": 0, "memory": 2**26})
+    search_alg, param_space, samples = _search(cfg, space)
+    if exists:
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
+    else:
+        tuner = tune.Tuner(
+            trainable, param_space=param_space,
+            tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
+                                        scheduler=_scheduler(cfg), search_alg=search_alg,
+                                        max_concurrent_trials=max_concurrent(cfg)),
+            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
+        )
+    with tracked_fit(uri, parent) as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
+        results = tuner.fit()
+        if _interrupted(handler_before_fit):
+            raise KeyboardInterrupt
+    trials = summarize(uri, cfg, results, space)
+    best = best_trial(trials, cfg.tune.mode)
+    registered = None
+    if best is not None:
+        from ray.train import Checkpoint
+
+        best_cfg = apply(cfg, best["params"])[0]
+        registered = publish(best_cfg, uri, best["run_id"], Checkpoint(best["checkpoint_path"]),
+                             {"val_bleu": best["val_bleu"]}, manifest, register=cfg.tracking.register)
+    log_summary(uri, parent, cfg, trials, best, space)
+    tracking.end_run(uri, parent, tags={"best_trial": best["trial_id"] if best else "",
+                                        "best_val_bleu": f"{best['val_bleu']:.2f}" if best else ""})
+    return SweepOutcome(name, parent, trials, best, registered, path)
+
+
+def _interrupted(handler_before_fit) -> bool:
+    """Whether Ctrl-C ended Tuner.fit early.
+
+    Tune's Ctrl-C handler saves the sweep's state and makes fit() return its results as if the sweep
+    were complete; it also puts back the handler it replaced, and that is the only trace it leaves.
+    """
+    return (threading.current_thread() is threading.main_thread()
+            and os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
+            and signal.getsignal(signal.SIGINT) is handler_before_fit)
+
+
