@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import TransformerConfig
+
 # A layer's cached self-attention keys and values, each [batch, heads, steps, d_k].
 KeyValue = tuple[Tensor, Tensor]
 
@@ -149,17 +151,19 @@ class SublayerConnection(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
+def _sublayers(cfg: TransformerConfig, count: int) -> list[SublayerConnection]:
+    """The residual connections around a layer's sublayers, as the config sets them (post- or pre-norm)."""
+    return [SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps) for _ in range(count)]
+
+
 class EncoderLayer(nn.Module):
     """One encoder layer (Fig. 1, left): self-attention, then the feed-forward network."""
 
-    def __init__(self, d_model: int, d_ff: int, num_heads: int, dropout: float,
-                 attention_dropout: float, norm_first: bool, eps: float):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
-        self.sublayer = nn.ModuleList(
-            SublayerConnection(d_model, dropout, norm_first, eps) for _ in range(2)
-        )
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sublayer = nn.ModuleList(_sublayers(cfg, 2))
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         """x: [batch, src_len, d_model]; src_mask: [batch, 1, 1, src_len], True = real token."""
@@ -170,15 +174,12 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """One decoder layer (Fig. 1, right): masked self-attention, cross-attention, feed-forward."""
 
-    def __init__(self, d_model: int, d_ff: int, num_heads: int, dropout: float,
-                 attention_dropout: float, norm_first: bool, eps: float):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
-        self.sublayer = nn.ModuleList(
-            SublayerConnection(d_model, dropout, norm_first, eps) for _ in range(3)
-        )
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sublayer = nn.ModuleList(_sublayers(cfg, 3))
 
     def forward(self, x: Tensor, memory_kv: KeyValue, src_mask: Tensor | None,
                 cache: KeyValue | None = None) -> tuple[Tensor, KeyValue]:

@@ -41,11 +41,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, embed: Embeddings):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(
-            EncoderLayer(cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.norm_first, cfg.layer_norm_eps)
-            for _ in range(cfg.num_encoder_layers)
-        )
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
         # Pre-norm leaves the residual stream unnormalised, so it ends with a LayerNorm.
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
 
@@ -63,11 +59,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, embed: Embeddings, generator: nn.Linear):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.norm_first, cfg.layer_norm_eps)
-            for _ in range(cfg.num_decoder_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.generator = generator
 

@@ -180,8 +180,13 @@ def check_source(cfg: DataConfig) -> None:
 
 
 def read_corpus(cfg: DataConfig) -> dict[str, pa.Table]:
-    """Every configured split as a table of raw (src, tgt) strings."""
+    """Every configured split as a table of raw (src, tgt) strings, after check_source."""
     check_source(cfg)
+    return read_splits(cfg)
+
+
+def read_splits(cfg: DataConfig) -> dict[str, pa.Table]:
+    """Every configured split of a source that check_source has accepted."""
     if cfg.source == "demo":
         from .demo_corpus import demo_corpus
 

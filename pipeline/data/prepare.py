@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..common import log, storage
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
-from .corpus import CorpusError, check_source, read_corpus, source_fingerprint
+from .corpus import CorpusError, check_source, read_splits, source_fingerprint
 from .encode import DROP_RULES, clean_batch, encode_block, encode_settings, labeled_splits, length_counts
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, load_manifest
 
@@ -62,7 +62,7 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
         logger.info(f"reusing {final} (same source data and data config)")
         return load_manifest(final)
     started = time.perf_counter()
-    tables = read_corpus(cfg)
+    tables = read_splits(cfg)  # check_source ran above, before the cache lookup
     for split, table in tables.items():
         if table.num_rows == 0:
             raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
@@ -72,7 +72,7 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
                                 joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     logger.info(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
-         f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
+                f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
 
     from ..common.cluster import ensure_ray
 
@@ -217,7 +217,7 @@ def split_entries(tables: dict[str, pa.Table], counts: pa.Table) -> dict:
         src_len = np.repeat(mine["src_len"].to_numpy()[keep], n[keep])
         tgt_len = np.repeat(mine["tgt_len"].to_numpy()[keep], n[keep])
         logger.info(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
-             f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
+                    f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
         entries[split] = {
             "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped,
             "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),

@@ -106,7 +106,7 @@ def register(uri: str, run_id: str, translator: Translator, name: str, val_bleu:
     if better:
         client.set_registered_model_alias(name, CHAMPION, version)
     logger.info(f"registered {name} version {version} (val_bleu {val_bleu:.2f}); "
-         + ("it is the champion" if better else f"champion stays version {current[0]} ({current[1]:.2f})"))
+                + ("it is the champion" if better else f"champion stays version {current[0]} ({current[1]:.2f})"))
     return Registered(name, version, val_bleu, better, current[1] if current else None)
 
 

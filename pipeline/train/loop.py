@@ -115,13 +115,13 @@ class Replica:
             rng = checkpoint.load_rng(directory, self.ctx.world_rank)
         except Exception as err:  # a damaged RNG file only costs bit-exact resumption, not the run
             logger.warning(f"rank {self.ctx.world_rank}'s RNG state in {directory} cannot be loaded "
-                 f"({type(err).__name__}); continuing with fresh random streams")
+                           f"({type(err).__name__}); continuing with fresh random streams")
             rng = None
         if rng is not None:
             checkpoint.set_rng_state(rng)
         if self.ctx.is_main:
             logger.info(f"resumed from step {self.progress.step} (epoch {self.progress.epoch}, "
-                  f"batch {self.progress.batch_in_epoch})")
+                        f"batch {self.progress.batch_in_epoch})")
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
@@ -226,7 +226,7 @@ class Replica:
         metrics = {**self.validate(), "averaged": len(self.snapshots)}
         if self.ctx.is_main:
             logger.info(f"average of the last {len(self.snapshots)} checkpoints: val_bleu "
-                 f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
+                        f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
         self.report({**self.position_metrics(), **metrics}, keep_snapshot=False)
 
     def position_metrics(self) -> dict:
@@ -287,8 +287,8 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                         remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
                     eta = _eta(max(remaining, 0.0))
                     logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
-                         f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
-                         f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")
+                                f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
+                                f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")
                 window_loss, window_tokens = 0.0, 0
                 if due or progress.finished:
                     if end_of_epoch and not progress.finished:
@@ -297,7 +297,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                     progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
                     if ctx.is_main:
                         logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                              f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+                                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
                     replica.report(metrics)
                 else:
                     ctx.report(metrics)

@@ -28,7 +28,6 @@ from .summary import SweepOutcome, best_trial, log_summary, summarize
 logger = log.get("tune")
 
 
-
 def default_sweep_name(cfg: Config, space_text: str) -> str:
     """A name from the config and the space, so the same command finds the same sweep again."""
     settings = {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "train", "tune")}
@@ -68,6 +67,7 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any], train_data=None) ->
 
     from ..data.manifest import load_manifest
 
+    log.setup(setup["log_level"])  # a Ray actor of its own: its trial's workers log at the driver's level
     trial_id = tune.get_context().get_trial_id()
     cfg, problem = apply(config_from_dict(setup["base"]), params)
     uri = setup["uri"]
@@ -151,7 +151,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                                config_file, extra_files=(space_path,))
     logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
     setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
-             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train"}
+             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train", "log_level": log.level()}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     # Read once here: a Ray Data read inside a trial would be confined to the trial's (CPU-less) placement group.
