@@ -141,7 +141,7 @@ def champion(ray_session, mlflow_server, tmp_path_factory):
     from pipeline.train.driver import train
 
     workdir = tmp_path_factory.mktemp("champion")
-    cfg = small_config(workdir, "train.epochs=3", "train.average_last=2", "tracking.experiment=nmt-tests",
+    cfg = small_config(workdir, "train.epochs=2", "train.average_last=2", "tracking.experiment=nmt-tests",
                        tracking_uri=mlflow_server.uri)
     outcome = train(cfg)
     assert outcome.registered is not None and outcome.registered.champion

@@ -17,10 +17,14 @@ SMALL = [
 SHARED_DATA_ENV = "NMT_TEST_PREPARED_DIR"
 
 
+def data_dir(tmp_path) -> str:
+    """Where a small config's data is prepared: the session's shared directory, else tmp_path/data."""
+    return os.environ.get(SHARED_DATA_ENV) or str(tmp_path / "data")
+
+
 def small_config(tmp_path, *extra, tracking_uri: str | None = None):
     """configs/demo.yaml shrunk, with runs and the MLflow store under tmp_path (data in the session's shared dir)."""
     uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
-    data = os.environ.get(SHARED_DATA_ENV) or tmp_path / "data"
     return load_config(ROOT / "configs" / "demo.yaml",
-                       [*SMALL, f"data.output_dir={data}", f"train.storage_path={tmp_path / 'runs'}",
+                       [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                         f"tracking.tracking_uri={uri}", *extra])

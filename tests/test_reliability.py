@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import free_port
 from mlflow.tracking import MlflowClient
-from small import ROOT, SMALL, small_config
+from small import ROOT, SMALL, data_dir, small_config
 
 from pipeline.train.driver import train
 
@@ -138,7 +138,7 @@ def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_s
     config.write_text((ROOT / "configs" / "demo.yaml").read_text() + f"\ntracking:\n  tracking_uri: {uri}\n")
     command = [sys.executable, "-m", "pipeline", "train", "--config", str(config),
                "--address", ray_session.get_runtime_context().gcs_address]
-    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  "tracking.experiment=secrets", "train.max_steps=10", "train.val_interval=10", "train.epochs=100"]:
         command += ["--set", item]
     env = {**os.environ, "MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_TRACKING_USERNAME": "alice",

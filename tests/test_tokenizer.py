@@ -1,5 +1,6 @@
 """SentencePiece tokenizers: the word cache that `nmt prepare` encodes with gives SentencePiece's exact ids."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from pipeline.data.demo_corpus import generate_pairs
 from pipeline.data.encode import normalize
 from pipeline.text.tokenizer import Tokenizer, train_tokenizer
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+MULTI30K = Path(os.environ.get("NMT_MULTI30K_DIR") or Path(__file__).resolve().parents[2] / "shared/data/multi30k")
 ODD = ["", " ", "a  b", " leading and trailing ", "tab\tinside", "ä ö ü ß é", "naïve café", "e\u0301 combining",
        "日本語のテキスト", "emoji 🙂 here", "¨ diaeresis alone", "x" * 300, "1,234.5 % $ @", "\u00a0nbsp\u00a0"]
 

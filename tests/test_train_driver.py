@@ -9,7 +9,7 @@ import time
 import pytest
 from logs import driver_output
 from mlflow.tracking import MlflowClient
-from small import ROOT, SMALL
+from small import ROOT, SMALL, data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MAX_STEPS = 160
@@ -19,7 +19,7 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     command = [sys.executable, "-m", "pipeline", "train", "--config", "configs/demo.yaml",
                "--address", ray_session.get_runtime_context().gcs_address]
-    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",
                  f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
         command += ["--set", item]

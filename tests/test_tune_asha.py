@@ -16,7 +16,7 @@ def test_sweep_stops_trials_early_tracks_parent_and_children_and_registers_the_b
     # first, so ASHA has a rung value to compare each hopeless one against.
     (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 0.005]}\n"
                                          "train.warmup_steps: {grid: [50, 100]}\n")
-    cfg = small_config(tmp_path, "train.num_workers=2", "train.max_steps=160", "train.val_interval=40",
+    cfg = small_config(tmp_path, "train.num_workers=1", "train.max_steps=160", "train.val_interval=40",
                        "train.epochs=100", "tune.grace_period=120", "tune.reduction_factor=2", "tune.search=grid",
                        "tune.name=sweep-test", "tracking.experiment=tune-tests")
     outcome = sweep(cfg, str(tmp_path / "space.yaml"))

@@ -9,7 +9,7 @@ import time
 import pytest
 from logs import driver_output
 from mlflow.tracking import MlflowClient
-from small import ROOT, SMALL
+from small import ROOT, SMALL, data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 MAX_STEPS = 100
@@ -21,7 +21,7 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
                str(tmp_path / "space.yaml"), "--address", ray_session.get_runtime_context().gcs_address]
     # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
-    for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
                  "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
                  f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
