@@ -235,7 +235,9 @@ def run(cfg: Config, address: str | None = None) -> int:
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # Both signals stop the service, whatever this process inherited: a shell's background job
+    # starts with SIGINT ignored, and Python then never raises KeyboardInterrupt on Ctrl-C.
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # Serve's own end-to-end timeout is the backstop for requests still queued at the proxy.
         serve.start(http_options={"host": s.host, "port": s.port, "request_timeout_s": s.request_timeout_s + 5})
@@ -254,7 +256,8 @@ def run(cfg: Config, address: str | None = None) -> int:
         logger.info("shutting down")
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         serve.shutdown()
         import ray
 
