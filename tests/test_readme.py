@@ -1,4 +1,4 @@
-"""The README stays true: its config reference, the `nmt` commands it shows and the files it names."""
+"""The README and docs/ stay true: the config reference, the `nmt` commands they show and the files they name."""
 
 import argparse
 import itertools
@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from config_reference import END, START, reference_markdown  # noqa: E402
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The front page and the docs it links to: their commands and paths are checked alike.
+README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+CONFIG_DOC = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 REGENERATE = "regenerate it: .venv/bin/python tools/config_reference.py --write"
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 # The deploy module adds these two subcommands; the README may name them before the parser has them.
@@ -39,8 +41,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def test_config_reference_is_the_generated_table_and_names_every_key():
-    assert README.count(START) == 1 and README.count(END) == 1, "the README needs one config-reference block"
-    block = README.split(START, 1)[1].split(END, 1)[0]
+    assert README.count(START) == 1 and README.count(END) == 1, "docs/configuration.md needs one reference block"
+    block = CONFIG_DOC.split(START, 1)[1].split(END, 1)[0]
     assert block.strip() == reference_markdown().strip(), f"the configuration reference is out of date; {REGENERATE}"
     missing = [key for key in Config().flat() if f"| `{key}` |" not in block]
     assert not missing, f"keys missing from the configuration reference: {missing}"

@@ -1,9 +1,9 @@
-"""The README's configuration reference, generated from pipeline/config.py (its dataclasses and field comments).
+"""docs/configuration.md, generated from pipeline/config.py (its dataclasses and field comments).
 
     python tools/config_reference.py          # print the markdown tables
-    python tools/config_reference.py --write  # replace the block between the README's config-reference markers
+    python tools/config_reference.py --write  # replace the block between docs/configuration.md's markers
 
-tests/test_readme.py checks that the README holds exactly this output.
+tests/test_readme.py checks that docs/configuration.md holds exactly this output.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ def reference_markdown() -> str:
     return "\n".join(lines)
 
 
-def write_readme(readme: Path = ROOT / "README.md") -> None:
-    """Put the generated reference between the README's markers."""
-    text = readme.read_text(encoding="utf-8")
+def write_reference(page: Path = ROOT / "docs" / "configuration.md") -> None:
+    """Put the generated reference between the page's markers."""
+    text = page.read_text(encoding="utf-8")
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}", encoding="utf-8")
+    page.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}", encoding="utf-8")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        write_readme()
+        write_reference()
     else:
         print(reference_markdown())

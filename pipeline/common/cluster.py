@@ -7,6 +7,7 @@ import os
 import time
 
 from ..config import Config
+from . import log
 from .errors import UserError
 
 
@@ -18,7 +19,7 @@ def ensure_ray(address: str | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     # Ray's own INFO lines drown our progress output; warnings and errors still show.
-    quiet = logging.getLogger("pipeline").getEffectiveLevel() > logging.DEBUG  # `nmt -v` shows Ray's INFO too
+    quiet = log.level() > logging.DEBUG  # `nmt -v` shows Ray's INFO lines too
     ray.init(address=address, logging_level=logging.WARNING if quiet else logging.INFO, log_to_driver=True)
 
 
