@@ -95,7 +95,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     seed: int = 0  # seed of initialisation and batch shuffling
     val_interval: int = 0  # updates between validations; 0: every epoch
-    log_every: int = 10  # updates between progress lines and train_loss reports
+    log_every: int = 10  # updates between progress lines and train_loss values
+    report_interval_s: float = 10.0  # progress values go to Ray Train (and MLflow) at most this often
     beam_size: int = 4  # beam of validation decoding and of the packaged model
     length_penalty: float = 0.6  # beam search length penalty alpha
     keep_checkpoints: int = 3  # checkpoints kept: the best by val_bleu, plus the latest
@@ -203,7 +204,8 @@ POSITIVE = {
 }
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
-    "train.max_failures", "train.length_penalty", "train.resource_wait_s", "tune.max_concurrent_trials",
+    "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
+    "tune.max_concurrent_trials",
     "serve.batch_wait_timeout_s",
 }
 

@@ -18,7 +18,9 @@ logger = log.get("mlflow")
 
 RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating a duplicate
 TRIAL_TAG = "nmt.trial_id"  # a trial's child run, found again from Tune's results
-STEP_KEYS = ("step",)
+STEP_KEYS = ("step", "time")  # where a report's values belong, not values themselves
+PROGRESS_KEY = "progress_values"  # a report's earlier progress values (each a dict with step and time)
+FINAL_KEY = "final"  # True on a run's last report: metrics still held back must reach MLflow now
 _PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the password of scheme://user:password@host
 
 
@@ -125,15 +127,15 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     return run.info.run_id
 
 
-def _metric_entries(metrics: dict[str, Any]) -> list:
-    """The numeric metrics of one report as MLflow entities at its step, stamped now."""
+def _metric_entries(report: dict[str, Any]) -> list:
+    """The numeric values of a report, and of the earlier progress values it carries, at their steps and times."""
     import time
 
     import mlflow
 
-    step = int(metrics.get("step", 0))
-    now = int(time.time() * 1000)
-    return [mlflow.entities.Metric(k, float(v), now, step) for k, v in metrics.items()
+    now = time.time()
+    return [mlflow.entities.Metric(k, float(v), int(row.get("time", now) * 1000), int(row.get("step", 0)))
+            for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
             if k not in STEP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
@@ -152,6 +154,7 @@ class MetricLogger:
 
     MAX_PENDING = 100_000  # metric entries; beyond it the oldest are dropped, and the gap is reported
     BATCH = 1000  # MLflow's limit of metrics per log_batch call
+    FINAL_WAIT_S = 120.0  # after the last report no later one will retry: wait this long for the store
 
     def __init__(self, uri: str, run_id: str):
         self.uri, self.run_id = uri, run_id
@@ -159,16 +162,31 @@ class MetricLogger:
         self.dropped = 0
         self.failing_since: float | None = None
 
-    def log(self, metrics: dict[str, Any]) -> None:
-        """Queue one report's metrics and send everything queued, or keep it for the next try."""
+    def log(self, report: dict[str, Any]) -> None:
+        """Queue one report's metrics and send everything queued; keep what fails for the next report.
+
+        The last report of a run (FINAL_KEY) retries for up to FINAL_WAIT_S: training is over, and
+        nothing after it would deliver what is still queued.
+        """
+        import time
+
+        self.pending.extend(_metric_entries(report))
+        if len(self.pending) > self.MAX_PENDING:
+            self.dropped += len(self.pending) - self.MAX_PENDING
+            del self.pending[: len(self.pending) - self.MAX_PENDING]
+        deadline = time.monotonic() + (self.FINAL_WAIT_S if report.get(FINAL_KEY) else 0.0)
+        while not self._send() and time.monotonic() < deadline:
+            time.sleep(2.0)
+        if self.pending and report.get(FINAL_KEY):
+            logger.warning(f"{redact(self.uri)} did not answer within {self.FINAL_WAIT_S:.0f}s after training: "
+                           f"{len(self.pending)} metric values were not logged")
+
+    def _send(self) -> bool:
+        """Send everything queued; False (and a warning when an outage starts) if the store fails."""
         import time
 
         from mlflow.tracking import MlflowClient
 
-        self.pending.extend(_metric_entries(metrics))
-        if len(self.pending) > self.MAX_PENDING:
-            self.dropped += len(self.pending) - self.MAX_PENDING
-            del self.pending[: len(self.pending) - self.MAX_PENDING]
         sent = 0
         try:
             client = MlflowClient(self.uri)
@@ -181,12 +199,13 @@ class MetricLogger:
                 self.failing_since = time.monotonic()
                 logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {str(err)[:200]}); "
                                "training goes on and the metrics are kept until MLflow answers again")
-            return
+            return False
         if self.failing_since is not None:
             lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
             logger.warning(f"{redact(self.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
                            f"logged {sent} delayed metric values{lost}")
             self.failing_since, self.dropped = None, 0
+        return True
 
 
 def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:

@@ -26,6 +26,7 @@ from ..config import Config, config_from_dict
 from ..data.batching import collate, equalize_batch_count, token_budget_batches
 from ..data.manifest import load_manifest
 from ..text.metrics import score
+from ..track.tracking import FINAL_KEY, PROGRESS_KEY
 from ..text.translator import translate_ids
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
 
@@ -127,7 +128,7 @@ class Replica:
         """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
         batches = token_budget_batches(self.src_len, self.tgt_len, self.train_cfg.max_tokens,
                                        seed=self.train_cfg.seed + self.ctx.world_rank, epoch=epoch)
-        return equalize_batch_count(batches, all_reduce_max(len(batches), self.ctx.device),
+        return equalize_batch_count(batches, all_reduce_max([len(batches)], self.ctx.device)[0],
                                     self.src_len, self.tgt_len)
 
     def total_steps(self, batches_per_epoch: int) -> int:
@@ -199,8 +200,9 @@ class Replica:
         return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
                 "val_bleu": scores["bleu"], "val_chrf": scores["chrf"]}
 
-    def report(self, metrics: dict, keep_snapshot: bool = True) -> None:
-        """Checkpoint (rank 0 writes the state, every rank its RNG) and report to the launcher."""
+    def report(self, metrics: dict, earlier: list[dict] | None = None, keep_snapshot: bool = True,
+               final: bool = False) -> None:
+        """Checkpoint (rank 0 writes the state, every rank its RNG) and report, with earlier progress values."""
         if keep_snapshot:
             self.snapshots = (self.snapshots + [{k: v.detach().to("cpu", copy=True)
                                                  for k, v in self.model.state_dict().items()}])
@@ -213,7 +215,11 @@ class Replica:
                      "progress": self.progress.__dict__, "model_config": self.model_cfg.to_dict(),
                      "metrics": metrics}
         checkpoint.save(directory, self.ctx.world_rank, state)
-        self.ctx.report(metrics, directory)
+        self.ctx.report({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
+
+    def will_average(self) -> bool:
+        """Whether average_and_report will report, counting the snapshot the next report() keeps."""
+        return min(len(self.snapshots) + 1, self.train_cfg.average_last) >= 2
 
     def average_and_report(self, best_bleu: float) -> None:
         """Evaluate the average of the last checkpoints (Sec. 6.1) and report it as a checkpoint of its own.
@@ -227,7 +233,7 @@ class Replica:
         if self.ctx.is_main:
             logger.info(f"average of the last {len(self.snapshots)} checkpoints: val_bleu "
                         f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
-        self.report({**self.position_metrics(), **metrics}, keep_snapshot=False)
+        self.report({**self.position_metrics(), **metrics, "time": time.time()}, keep_snapshot=False, final=True)
 
     def position_metrics(self) -> dict:
         """Where training stands (step, epoch) and the learning rate: part of every report."""
@@ -252,6 +258,11 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     val_interval = train_cfg.val_interval
     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
     log_every = train_cfg.log_every
+    # Progress values wait here and travel with the next report: ray.train.report is a barrier
+    # whose queue Ray Train's controller drains only every couple of seconds, so a report per
+    # progress line would stall training (2 s per report on CPU, as long on a GPU).
+    earlier: list[dict] = []
+    last_report = time.monotonic()
     total = None
     while not progress.finished:
         batches = replica.epoch_batches(progress.epoch)
@@ -268,40 +279,48 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
             end_of_epoch = position >= len(batches)
             out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
             progress.train_seconds = seconds_before + time.perf_counter() - run_start
-            if train_cfg.time_budget_s and progress.step % log_every == 0:
-                # Every rank must stop at the same step, or the next all-reduce hangs: agree on it.
-                out_of_steps |= bool(all_reduce_max(int(progress.train_seconds >= train_cfg.time_budget_s),
-                                                    replica.ctx.device))
+            progress_line = progress.step % log_every == 0
+            report_due = False
+            if progress_line:
+                # Every rank must stop at the same step (or the next all-reduce hangs) and report
+                # together (a report is a barrier): one all-reduce agrees on both.
+                out_of_time, report_due = all_reduce_max(
+                    [int(bool(train_cfg.time_budget_s) and progress.train_seconds >= train_cfg.time_budget_s),
+                     int(time.monotonic() - last_report >= train_cfg.report_interval_s)], replica.ctx.device)
+                out_of_steps |= bool(out_of_time)
             if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
                 progress.finished = True
             due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
-            if progress.step % log_every == 0 or due or progress.finished:
-                elapsed = time.perf_counter() - window_start
-                rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
-                metrics = {"train_loss": window_loss / max(window_tokens, 1),
-                           "tokens_per_s": window_tokens / elapsed, "train_seconds": progress.train_seconds,
-                           **replica.position_metrics()}
+            if not (progress_line or due or progress.finished):
+                continue
+            elapsed = time.perf_counter() - window_start
+            rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
+            metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
+                       "train_seconds": progress.train_seconds, **replica.position_metrics(), "time": time.time()}
+            if ctx.is_main:
+                remaining = (total - progress.step) / max(rate, 1e-9)
+                if train_cfg.time_budget_s:
+                    remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
+                logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
+                            f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
+                            f"{metrics['tokens_per_s']:,.0f} tok/s ETA {_eta(max(remaining, 0.0))}")
+            window_loss, window_tokens = 0.0, 0
+            if due or progress.finished:
+                if end_of_epoch and not progress.finished:
+                    progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                metrics.update(replica.validate())
+                progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
                 if ctx.is_main:
-                    remaining = (total - progress.step) / max(rate, 1e-9)
-                    if train_cfg.time_budget_s:
-                        remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
-                    eta = _eta(max(remaining, 0.0))
-                    logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
-                                f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
-                                f"{metrics['tokens_per_s']:,.0f} tok/s ETA {eta}")
-                window_loss, window_tokens = 0.0, 0
-                if due or progress.finished:
-                    if end_of_epoch and not progress.finished:
-                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-                    metrics.update(replica.validate())
-                    progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
-                    if ctx.is_main:
-                        logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
-                    replica.report(metrics)
-                else:
-                    ctx.report(metrics)
-                window_start = time.perf_counter()  # throughput windows leave validation out
+                    logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                                f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+                replica.report(metrics, earlier, final=progress.finished and not replica.will_average())
+            elif report_due:
+                ctx.report({**metrics, PROGRESS_KEY: earlier})
+            else:
+                earlier.append(metrics)
+            if due or progress.finished or report_due:
+                earlier, last_report = [], time.monotonic()
+            window_start = time.perf_counter()  # throughput windows leave validation out
         if not progress.finished and progress.batch_in_epoch >= len(batches):
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0

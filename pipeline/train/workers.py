@@ -44,12 +44,12 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def all_reduce_max(value: int, device: torch.device) -> int:
-    """The largest value over ranks (value itself on one process)."""
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+def all_reduce_max(values: list[int], device: torch.device) -> list[int]:
+    """Element-wise maximum over ranks (values themselves on one process)."""
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
+    return tensor.tolist()
 
 
 def all_gather_objects(obj: object) -> list[object]:

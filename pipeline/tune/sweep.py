@@ -55,8 +55,9 @@ def _validation_reports():
 
     class ValidationReports(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
-            if metrics and "val_bleu" in metrics[0]:
-                super().after_report(run_context, metrics, checkpoint)
+            if metrics and "val_bleu" in metrics[0]:  # progress values went to MLflow; Tune needs none
+                report = {k: v for k, v in metrics[0].items() if k not in (tracking.PROGRESS_KEY, tracking.FINAL_KEY)}
+                super().after_report(run_context, [report], checkpoint)
 
     return ValidationReports()
 

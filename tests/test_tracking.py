@@ -1,0 +1,42 @@
+"""MetricLogger: progress values carried by a report land at their own steps and times; the last report waits."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from conftest import free_port
+from mlflow.tracking import MlflowClient
+
+from pipeline.track import tracking
+
+
+def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("paced")).info.run_id
+    earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
+    tracking.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5,
+                                            tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
+    history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 0.0), (15, -5.0), (20, 5.0)]
+    assert [m.timestamp for m in history[:3]] == [1_700_000_005_000, 1_700_000_010_000, 1_700_000_015_000]
+    assert [m.step for m in client.get_metric_history(run_id, "val_bleu")] == [20]
+    assert not {"time", "step", tracking.PROGRESS_KEY, tracking.FINAL_KEY} & set(client.get_run(run_id).data.metrics)
+
+
+def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_says_what_was_lost(
+        tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    metric_logger = tracking.MetricLogger(f"http://127.0.0.1:{free_port()}", "0" * 32)  # nothing listens there
+    metric_logger.FINAL_WAIT_S = 3.0
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        start = time.monotonic()
+        metric_logger.log({"step": 5, "train_loss": 1.0})
+        assert time.monotonic() - start < 2.5  # a report during training never waits for the store
+        assert len(metric_logger.pending) == 1 and "training goes on" in caplog.text
+        start = time.monotonic()
+        metric_logger.log({"step": 10, "train_loss": 0.5, tracking.FINAL_KEY: True})
+        assert time.monotonic() - start >= 3.0  # the last one retried for FINAL_WAIT_S
+    assert "did not answer within 3s after training: 2 metric values were not logged" in caplog.text
