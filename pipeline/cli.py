@@ -122,7 +122,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_submit(args: argparse.Namespace) -> int:
     from .launch.submit import submit
 
-    return submit(args.job, address=args.address, follow=args.follow, pip=args.pip)
+    names = [name.strip() for name in args.forward_env.split(",") if name.strip()]
+    return submit(args.job, address=args.address, follow=args.follow, pip=args.pip, forward_env=names)
 
 
 HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "demo": _cmd_demo,

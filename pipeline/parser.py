@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = commands.add_parser(
         "submit", parents=[verbosity], help="run an nmt command as a Ray Job on a cluster",
-        usage="nmt submit [--address URL] [--follow] [--no-pip] -- COMMAND [ARGS ...]",
+        usage="nmt submit [--address URL] [--follow] [--no-pip] [--forward-env NAMES] -- COMMAND [ARGS ...]",
         description="Submit `nmt COMMAND ARGS` as a Ray Job: the project directory is its working_dir; the MLflow "
                     "tracking URI and storage paths are passed explicitly. Token-authenticated clusters: set "
                     "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token).")
@@ -94,5 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--pip", action=argparse.BooleanOptionalAction, default=True,
                         help="add the project's requirements (all but Ray) to the job's runtime_env; --no-pip when "
                              "the cluster's image already has them (default: --pip)")
+    submit.add_argument("--forward-env", metavar="NAMES", default="",
+                        help="comma-separated environment variables whose values the job gets (e.g. "
+                             "MLFLOW_TRACKING_USERNAME,MLFLOW_TRACKING_PASSWORD) without showing them in its "
+                             "command or job record; a tracking URI's user:password@ is forwarded this way too")
     submit.add_argument("job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the nmt command, after --")
     return parser

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -9,7 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
-HEAVY_FIXTURES = {"champion", "mlflow_server", "cluster", "service"}
+HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service"}
 
 
 def pytest_collection_modifyitems(items):
@@ -38,13 +39,31 @@ def shared_prepared_data(tmp_path_factory):
     os.environ.pop(SHARED_DATA_ENV, None)
 
 
+def multi30k_path() -> pathlib.Path | None:
+    """Multi30k's folder: NMT_MULTI30K_DIR when set, else ../shared/data/multi30k, else data/multi30k (`make data`)."""
+    configured = os.environ.get("NMT_MULTI30K_DIR")
+    candidates = [pathlib.Path(configured)] if configured else [ROOT.parent / "shared" / "data" / "multi30k",
+                                                                 ROOT / "data" / "multi30k"]
+    return next((path for path in candidates if (path / "train.en").is_file() and (path / "train.de").is_file()), None)
+
+
+def require_multi30k() -> pathlib.Path:
+    """multi30k_path(), else skip with how to get it; under CI=true fail instead (CI always has the corpus)."""
+    path = multi30k_path()
+    if path is None:
+        configured = os.environ.get("NMT_MULTI30K_DIR")
+        where = f"NMT_MULTI30K_DIR={configured}" if configured else "../shared/data/multi30k or data/multi30k"
+        message = f"Multi30k not found in {where}: run `make data` or set NMT_MULTI30K_DIR to a copy"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> pathlib.Path:
-    """The Multi30k corpus (NMT_MULTI30K_DIR, else ../shared/data/multi30k); CI always has it."""
-    path = pathlib.Path(os.environ.get("NMT_MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
-    if not (path / "train.en").is_file():
-        pytest.fail(f"Multi30k not found at {path}; set NMT_MULTI30K_DIR")
-    return path
+    """The Multi30k corpus (see require_multi30k)."""
+    return require_multi30k()
 
 
 @pytest.fixture(scope="session")
@@ -105,29 +124,78 @@ def stop_process(process, timeout_s: float = 15.0) -> None:
         process.wait(timeout_s)
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on 127.0.0.1 with an SQLite store and a local artifact root, stopped afterwards."""
+@contextlib.contextmanager
+def environment(**values: str | None):
+    """os.environ with values set (None: unset) inside the block, restored afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None):
+    """A real `mlflow server` on 127.0.0.1 with an SQLite store and a local artifact root; yields (uri, process)."""
     import subprocess
     import sys
-    import types
 
-    root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+         *extra],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
         # The server's background job runner (for GenAI features) only costs start-up time here.
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})})
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", 300, process)
-        yield types.SimpleNamespace(uri=uri, root=root, process=process)
+        yield uri, process
     finally:
         stop_process(process)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` without logins, stopped afterwards."""
+    import types
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    for uri, process in _start_mlflow_server(root):
+        yield types.SimpleNamespace(uri=uri, root=root, process=process)
+
+
+@pytest.fixture(scope="session")
+def mlflow_auth_server(tmp_path_factory):
+    """`mlflow server --app-name basic-auth` with a generated admin password and one user, `trainer`, of its own."""
+    import secrets
+    import types
+
+    root = tmp_path_factory.mktemp("mlflow-auth-server")
+    admin_password, password = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    (root / "basic_auth.ini").write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{root / 'basic_auth.db'}\nadmin_username = admin\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password}
+    for uri, process in _start_mlflow_server(root, "--app-name", "basic-auth", env=env):
+        from mlflow.server import get_app_client
+
+        with environment(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=admin_password):
+            get_app_client("basic-auth", tracking_uri=uri).create_user("trainer", password)
+        yield types.SimpleNamespace(uri=uri, root=root, process=process, user="trainer", password=password,
+                                    admin_password=admin_password)
 
 
 @pytest.fixture(scope="session")

@@ -14,3 +14,16 @@ def driver_output(log: str) -> str:
     the command's output, and a check for tracebacks there would be flaky.
     """
     return "\n".join(line for line in log.splitlines() if not WORKER_LINE.match(line))
+
+
+def leaks(secrets: list[str], texts: dict[str, str], files: list) -> dict[str, list[str]]:
+    """Where any secret appears: {place: its first lines that hold one}, over texts and every file under files."""
+    from pathlib import Path
+
+    texts = dict(texts)
+    for root in files:
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                texts[str(path)] = path.read_bytes().decode("utf-8", "replace")
+    return {where: [line[:300] for line in text.splitlines() if any(s in line for s in secrets)][:3]
+            for where, text in texts.items() if any(s in text for s in secrets)}

@@ -1,11 +1,9 @@
 """Tests of token-budget batching: budget, coverage, determinism, DDP sharding, collation, efficiency."""
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from conftest import require_multi30k
 
 from pipeline.data.batching import (
     batch_cost,
@@ -18,7 +16,6 @@ from pipeline.data.batching import (
 
 SEEDS = [0, 1, 2, 3]
 BUILDERS = [token_budget_batches, random_batches]
-MULTI30K_DIR = Path(os.environ.get("NMT_MULTI30K_DIR", "/work/shared/data/multi30k"))
 
 
 def _lengths(seed, n=3000):
@@ -211,10 +208,8 @@ def test_collate_rejects_mismatched_or_empty_input():
 @pytest.fixture(scope="module")
 def multi30k_lengths(tmp_path_factory):
     spm = pytest.importorskip("sentencepiece")
-    files = [MULTI30K_DIR / "train.en", MULTI30K_DIR / "train.de"]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        pytest.skip(f"Multi30k not found ({', '.join(missing)}); set NMT_MULTI30K_DIR to its folder")
+    corpus = require_multi30k()
+    files = [corpus / "train.en", corpus / "train.de"]
     prefix = tmp_path_factory.mktemp("spm") / "joint"
     spm.SentencePieceTrainer.train(
         input=[str(f) for f in files], model_prefix=str(prefix), vocab_size=8000, model_type="bpe",

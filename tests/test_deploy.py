@@ -1,165 +1,143 @@
-"""Every YAML file in deploy/ parses and has what its tool needs: schemas where a validator exists, else by hand.
+"""deploy/ as a whole: every file known and parsing, no credential in any, versions and images agreed.
 
-- the cluster launcher file against Ray's own schema (ray/autoscaler/ray-schema.json);
-- the Serve config against Ray Serve's ServeDeploySchema, and its import_path imports;
-- KubeRay manifests by hand (no CRD schema ships in a package), their Kubernetes parts (pod
-  templates, volume claims) against the Kubernetes schema when kubernetes-validate is installed;
-- every nmt command in them (RayJob entrypoint) parses and its config overrides load.
+- every file under deploy/ is one a test knows, and parses;
+- no file holds a credential: secret-looking variables come from Secrets, URLs carry no user:password@;
+- versions agree: Ray (image, rayVersion, installed), CUDA (image tag, torch index), torch (Makefile),
+  MLflow (server image, installed client); images are pinned, the project's to its version;
+- deploy/README.md's `nmt` commands parse and the files it names exist.
+
+The rest is by file: test_deploy_kuberay.py (Kubernetes and KubeRay), test_deploy_mlflow.py (the MLflow
+server), test_deploy_aws.py (the cluster launcher); deploy_files.py reads deploy/ for all of them.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
+import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
+from deploy_files import (
+    DEPLOY,
+    SECRET_NAME,
+    by_kind,
+    containers,
+    defined_objects,
+    docs,
+    mlflow_container,
+    objects,
+    pod_specs,
+    ray_clusters,
+    references,
+)
 from small import ROOT
 
-DEPLOY = ROOT / "deploy"
-IMAGE_ROOT = "/home/ray/nmt"  # where deploy/Dockerfile puts the project
 
-
-def _docs(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-def _by_kind(kind: str) -> list[tuple[Path, dict]]:
-    return [(p, d) for p in sorted(DEPLOY.rglob("*.yaml")) for d in _docs(p) if d.get("kind") == kind]
-
-
-def test_every_yaml_parses_and_is_known():
-    files = sorted(DEPLOY.rglob("*.y*ml"))
-    assert {p.relative_to(DEPLOY).as_posix() for p in files} >= {
-        "cluster-aws.yaml", "serve_config.yaml", "kuberay/raycluster.yaml", "kuberay/rayjob.yaml"}
-    for path in files:
-        for doc in _docs(path):
+def test_every_file_parses_and_is_known():
+    files = {p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()}
+    assert files == {
+        "README.md", "Dockerfile", "cluster-aws.yaml", "serve_config.yaml", "aws/ec2-trust-policy.json",
+        "aws/ray-head-policy.json", "aws/ray-worker-policy.json", "kuberay/mlflow.yaml", "kuberay/storage.yaml",
+        "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml"}, "a new file here needs tests"
+    for path in DEPLOY.rglob("*.y*ml"):
+        for doc in docs(path):
             assert isinstance(doc, dict), path
             assert ("kind" in doc) != ("cluster_name" in doc or "applications" in doc), path
+    for path in DEPLOY.glob("aws/*.json"):
+        assert json.loads(path.read_text())["Version"] == "2012-10-17", path
+    for path, doc in objects():
+        assert doc["apiVersion"] and doc["metadata"]["name"], path
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"], path
 
 
-def test_cluster_launcher_matches_rays_schema():
-    import jsonschema
-    import ray.autoscaler
-
-    config = _docs(DEPLOY / "cluster-aws.yaml")[0]
-    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
-    jsonschema.validate(config, schema)
-    assert config["provider"]["type"] == "aws" and config["provider"]["region"]
-    types = config["available_node_types"]
-    assert config["head_node_type"] in types
-    head = types[config["head_node_type"]]
-    assert head["resources"].get("GPU", 0) == 0
-    gpu = [t for name, t in types.items() if name != config["head_node_type"] and t["resources"].get("GPU", 0) > 0]
-    assert gpu and all(t["max_workers"] >= 1 and t["node_config"]["InstanceType"] for t in gpu)
-    assert sum(t["max_workers"] for t in gpu) <= config["max_workers"]
-    run_options = " ".join(config["docker"]["run_options"])
-    assert "RAY_AUTH_MODE=token" in run_options and "MLFLOW_TRACKING_URI=" in run_options
-    assert any("--head" in c for c in config["head_start_ray_commands"])
+def test_no_file_holds_a_credential():
+    """Secret-looking variables come from Secrets; URLs carry no user:password@."""
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        assert not re.search(r"://[^/\s:@]+:[^/\s@]+@", path.read_text()), f"{path.name}: a URL with a password"
+    for path, doc in objects():
+        assert doc["kind"] != "Secret", f"{path.name}: Secrets are made with kubectl create secret, not committed"
+        for pod in pod_specs(doc):
+            for container in containers(pod):
+                for var in container.get("env", []):
+                    if SECRET_NAME.search(var["name"]):
+                        assert "valueFrom" in var, f"{path.name}: {var['name']} has a literal value"
+    for _, doc in by_kind("RayJob"):
+        env = yaml.safe_load(doc["spec"]["runtimeEnvYAML"]).get("env_vars", {})
+        assert not any(SECRET_NAME.search(name) for name in env), "Ray shows a job's runtime_env to anyone"
 
 
-def test_serve_config_validates_and_imports():
-    from ray.serve.schema import ServeDeploySchema
+# ---- versions ----
 
-    from pipeline.config import Config, set_value
-    from pipeline.serve.service import TranslationService
-
-    config = _docs(DEPLOY / "serve_config.yaml")[0]
-    schema = ServeDeploySchema.model_validate(config)
-    assert schema.applications
-    for app in config["applications"]:
-        module, _, attr = app["import_path"].partition(":")
-        builder = getattr(importlib.import_module(module), attr)
-        assert callable(builder)
-        args = dict(app["args"])
-        args.pop("tracking_uri")
-        cfg = Config()
-        for key, value in args.items():  # the same check build_app makes, without contacting MLflow
-            set_value(cfg, f"serve.{key}", value)
-        names = {d["name"] for d in app.get("deployments", [])}
-        assert names <= {TranslationService.name}, names
-        assert "MLFLOW_TRACKING_URI" in app["runtime_env"]["env_vars"]
+def _dockerfile_args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", (DEPLOY / "Dockerfile").read_text(), re.M))
 
 
-def _cluster_specs() -> list[tuple[str, dict]]:
-    specs = [(f"{p.name} RayCluster", d["spec"]) for p, d in _by_kind("RayCluster")]
-    specs += [(f"{p.name} RayJob", d["spec"]["rayClusterSpec"]) for p, d in _by_kind("RayJob")]
-    assert specs
-    return specs
+def _project_version() -> str:
+    return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 
 
-def _containers(group: dict) -> list[dict]:
-    return group["template"]["spec"]["containers"]
+def test_versions_agree_ray_cuda_torch_mlflow():
+    """One Ray, one CUDA, one torch, one MLflow: the image's, the manifests', the Makefile's and the tested ones."""
+    import mlflow
+    import ray
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    args, dockerfile = _dockerfile_args(), (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-py311-\$\{CUDA_TAG\}$", dockerfile, re.M)
+    assert args["RAY_VERSION"] == ray.__version__, "the image's Ray is the one the project is tested with"
+    ray_requirement = re.search(r'"ray\[[^\]]*\]([^"]*)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert args["RAY_VERSION"] in SpecifierSet(ray_requirement)
+    for where, _, spec in ray_clusters():
+        assert spec["rayVersion"] == args["RAY_VERSION"], where
+    # The torch build of the Makefile's GPU instructions, from the index of the image's CUDA.
+    makefile = (ROOT / "Makefile").read_text()
+    gpu = re.search(r"GPU machines: make setup TORCH_SPEC=torch==(\S+) TORCH_INDEX=(\S+)", makefile)
+    assert gpu, "the Makefile's GPU instructions moved: update this test"
+    assert args["TORCH_VERSION"] == gpu.group(1)
+    assert gpu.group(2) == f"https://download.pytorch.org/whl/{args['CUDA_TAG']}"
+    assert '"torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${CUDA_TAG}"' in dockerfile
+    assert "-c /tmp/pins.txt -e ." in dockerfile, "the project's install must not replace Ray or torch"
+    # The MLflow server speaks the same release series as the client the project is tested with.
+    image = mlflow_container(defined_objects()[("Deployment", "mlflow", "mlflow")])["image"]
+    server = re.fullmatch(r"ghcr\.io/mlflow/mlflow:v(\d+\.\d+\.\d+)-full", image)
+    assert server, f"{image}: MLflow's release image, -full (boto3 for S3, database drivers)"
+    assert Version(server.group(1)).release[:2] == Version(mlflow.__version__).release[:2], image
 
 
-def test_kuberay_clusters_have_head_and_gpu_workers():
-    for where, spec in _cluster_specs():
-        assert spec["rayVersion"].startswith("2.") and spec["authOptions"]["mode"] == "token", where
-        head = spec["headGroupSpec"]
-        assert "rayStartParams" in head and _containers(head)[0]["image"], where
-        ports = {p["containerPort"] for p in _containers(head)[0].get("ports", [])}
-        assert {6379, 8265} <= ports, where
-        groups = spec["workerGroupSpecs"]
-        assert groups, where
-        for group in groups:
-            assert group["groupName"] and "rayStartParams" in group, where
-            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], where
-            for container in _containers(group):
-                limits = container["resources"]["limits"]
-                assert int(limits["nvidia.com/gpu"]) >= 1, where
-        for group in [head, *groups]:
-            for container in _containers(group):
-                assert container["name"] and container["image"], where
-                assert "MLFLOW_TRACKING_URI" in {e["name"] for e in container.get("env", [])}, where
-                mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
-                assert mounts.get("shared") == "/mnt/shared", where  # checkpoints on a shared volume
-            volumes = {v["name"]: v for v in group["template"]["spec"].get("volumes", [])}
-            assert volumes["shared"]["persistentVolumeClaim"]["claimName"], where
+def test_images_are_pinned_and_the_same_everywhere():
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    images = {ref[2] for path, doc in objects() for ref in references(doc) if ref[0] == "Image"}
+    images.add(config["docker"]["image"])
+    version = _project_version()
+    for image in images:
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest" and "/" not in tag, f"{image}: pin a version"
+        if name.endswith("/transformer-nmt"):
+            assert tag == version, f"{image}: the project's image is tagged with its version, {version}"
+    assert sum(i.endswith("/transformer-nmt:" + version) for i in images) == 2, "REGISTRY/... and its ECR copy"
 
 
-def test_kuberay_manifests_have_kubernetes_metadata():
-    for kind in ("RayCluster", "RayJob"):
-        found = _by_kind(kind)
-        assert found, kind
-        for path, doc in found:
-            assert doc["apiVersion"] == "ray.io/v1", path
-            assert doc["metadata"]["name"] and doc["spec"], path
+def test_readme_commands_parse_and_its_paths_exist():
+    from pipeline.parser import build_parser
 
-
-def test_rayjob_entrypoint_is_a_valid_nmt_command():
-    from pipeline.cli import build_parser
-    from pipeline.config import load_config
-
-    for path, doc in _by_kind("RayJob"):
-        spec = doc["spec"]
-        words = shlex.split(spec["entrypoint"])
-        assert words[:3] == ["python", "-m", "pipeline"], path
-        args = build_parser().parse_args(words[3:])
-        config = Path(args.config.replace(IMAGE_ROOT, str(ROOT)))
-        cfg = load_config(config, args.overrides)
-        assert cfg.train.storage_path.startswith(("/mnt/shared", "s3://", "gs://")), path
-        assert cfg.data.output_dir.startswith(("/mnt/shared", "s3://", "gs://")), path
-        assert cfg.tracking.tracking_uri.startswith("http"), path
-        assert yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["MLFLOW_TRACKING_URI"], path
-        assert spec["shutdownAfterJobFinishes"] is True, path
-
-
-def test_kubernetes_parts_match_the_kubernetes_schema():
-    """Pod templates and plain Kubernetes objects against the API schema (strict: unknown fields fail)."""
-    kv = pytest.importorskip("kubernetes_validate")
-    version = kv.latest_version()
-    plain = [d for p in sorted((DEPLOY / "kuberay").glob("*.yaml")) for d in _docs(p)
-             if not d["apiVersion"].startswith("ray.io/")]
-    assert plain  # the shared volume's claim
-    for doc in plain:
-        kv.validate(doc, version, strict=True)
-    for where, spec in _cluster_specs():
-        for i, group in enumerate([spec["headGroupSpec"], *spec["workerGroupSpecs"]]):
-            template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"group-{i}"},
-                        "template": group["template"]}
+    text = (DEPLOY / "README.md").read_text()
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.startswith("nmt ")]
+    assert len(lines) >= 5
+    operators = {">", ">>", "<", "|", "&&", "||", ";", "&"}
+    for line in lines:
+        words = shlex.split(line, comments=True)[1:]
+        args = words[:next((i for i, w in enumerate(words) if w in operators), len(words))]
+        commands = [args] + ([args[args.index("--") + 1:]] if args[0] == "submit" else [])
+        for command in commands:
             try:
-                kv.validate(template, version, strict=True)
-            except kv.ValidationError as err:
-                pytest.fail(f"{where} group {i}: {str(err).splitlines()[0]}")
+                build_parser().parse_args(command)
+            except SystemExit:
+                pytest.fail(f"deploy/README.md: `nmt {shlex.join(command)}` does not parse")
+    paths = {p.rstrip(".,:;") for p in re.findall(r"deploy/[^\s`'\"()]+", text) if "$" not in p}
+    # Files (a name with an extension, Dockerfile, a glob) or folders; not kubectl's deploy/NAME.
+    paths = {p for p in paths if re.search(r"[.*][^/]*$|/Dockerfile$|/$", p)}
+    missing = sorted(p for p in paths if not (any(ROOT.glob(p)) if "*" in p else (ROOT / p).exists()))
+    assert not missing, f"deploy/README.md names files that do not exist: {missing}"

@@ -9,7 +9,8 @@ import threading
 import time
 
 import pytest
-from conftest import free_port
+from conftest import environment, free_port
+from logs import leaks
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir, small_config
 
@@ -127,13 +128,13 @@ def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing started
 
 
-def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_server, tmp_path):
-    """Credentials in the tracking URI and in MLflow's environment variables are never echoed anywhere."""
+def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_auth_server, tmp_path):
+    """Against a server that checks logins: the password in the URI and in MLflow's variables is echoed nowhere."""
     import os
     from pathlib import Path
 
-    password, token = "pw-0a1b2c3d4e5f", "tok-9f8e7d6c5b4a"
-    uri = mlflow_server.uri.replace("http://", f"http://alice:{password}@")  # the server ignores credentials
+    password, token = mlflow_auth_server.password, "tok-9f8e7d6c5b4a"
+    uri = mlflow_auth_server.uri.replace("http://", f"http://trainer:{password}@")
     config = tmp_path / "secret.yaml"
     config.write_text((ROOT / "configs" / "demo.yaml").read_text() + f"\ntracking:\n  tracking_uri: {uri}\n")
     command = [sys.executable, "-m", "pipeline", "train", "--config", str(config),
@@ -141,23 +142,21 @@ def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_s
     for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  "tracking.experiment=secrets", "train.max_steps=10", "train.val_interval=10", "train.epochs=100"]:
         command += ["--set", item]
-    env = {**os.environ, "MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_TRACKING_USERNAME": "alice",
+    env = {**os.environ, "MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_TRACKING_USERNAME": "trainer",
            "MLFLOW_TRACKING_TOKEN": token}
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
 
-    client = MlflowClient(mlflow_server.uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
-    assert run.data.params["tracking.tracking_uri"] == mlflow_server.uri.replace("http://", "http://alice:***@")
+    with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=password):
+        client = MlflowClient(mlflow_auth_server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
+        artifacts = client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts"))
+        assert client.search_model_versions(f"run_id = '{run.info.run_id}'")  # registered with the login, too
+    assert run.data.params["tracking.tracking_uri"] == mlflow_auth_server.uri.replace("http://", "http://trainer:***@")
     texts = {"stdout": result.stdout, "stderr": result.stderr, "params": repr(run.data.params),
              "tags": repr(run.data.tags)}
-    artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
-    session_logs = Path("/tmp/ray/session_latest/logs")  # Ray's own logs of this test session
-    for path in [*artifacts.rglob("*"), *session_logs.rglob("*")]:  # every artifact and every Ray log file
-        if path.is_file():
-            texts[str(path)] = path.read_bytes().decode("utf-8", "replace")
-    leaks = {where: [line[:300] for line in text.splitlines() if password in line or token in line][:3]
-             for where, text in texts.items() if password in text or token in text}
-    assert not leaks, leaks
-    logged = " ".join(texts)
-    assert "secret.yaml" in logged and "config.resolved.yaml" in logged  # both configs were logged, redacted
+    # Every artifact and every log file of Ray's session
+    found = leaks([password, token], texts, [artifacts, Path("/tmp/ray/session_latest/logs")])
+    assert not found, found
+    logged = {path.name for path in Path(artifacts).rglob("*")}
+    assert {"secret.yaml", "config.resolved.yaml"} <= logged  # both configs were logged, redacted

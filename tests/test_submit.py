@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port, stop_process, wait_http
+from conftest import environment, free_port, stop_process, wait_http
+from logs import leaks
 from small import ROOT, SMALL
 
 VENV_BIN = Path(sys.executable).parent
@@ -33,7 +34,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any Ray address or auth settings, plus extra."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
-                        "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI")}
+                        "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
+                        "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is this venv's
     env.update(extra)
     return env
@@ -122,11 +124,20 @@ def _job(cluster, job_id: str) -> dict:
         return json.loads(response.read())
 
 
+def _job_logs(cluster, job_id: str) -> str:
+    request = urllib.request.Request(f"{cluster.address}/api/jobs/{job_id}/logs",
+                                     headers={"Authorization": f"Bearer {cluster.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["logs"]
+
+
 @pytest.mark.slow
-def test_submitted_training_succeeds_and_logs_to_mlflow(cluster, tmp_path):
+def test_a_submitted_training_logs_to_an_mlflow_login_and_the_password_shows_nowhere(cluster, mlflow_auth_server,
+                                                                                     tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    password = mlflow_auth_server.password
+    uri = mlflow_auth_server.uri.replace("http://", f"http://trainer:{password}@")
     # tests/small.py's SMALL, cut further: the job's Ray Data preparation and validation dominate its time.
     sets = [*SMALL, "data.demo_sizes={train: 1000, validation: 30, test: 30}", "train.epochs=1", "train.max_steps=10",
             "train.average_last=1", f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
@@ -138,14 +149,25 @@ def test_submitted_training_succeeds_and_logs_to_mlflow(cluster, tmp_path):
     assert result.returncode == 0, output[-4000:]
     job_id = re.search(r"job (raysubmit_\w+) submitted", result.stderr).group(1)
     assert f"job {job_id} SUCCEEDED" in result.stderr
+    assert "forwarding MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_USERNAME to the job" in result.stderr
     assert "best val_bleu" in result.stdout  # the job's own output, streamed here
-    job = _job(cluster, job_id)
+    job = _job(cluster, job_id)  # what `ray job list`, the dashboard and get_job_info() show
     assert job["status"] == "SUCCEEDED"
-    assert job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == uri
-    assert "--set tracking.tracking_uri=" in job["entrypoint"]
-    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("nmt-submit").experiment_id])
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert "val_bleu" in runs[0].data.metrics
+    assert job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == mlflow_auth_server.uri  # no credentials
+    assert f"--set tracking.tracking_uri={mlflow_auth_server.uri} " in job["entrypoint"]
+    assert len(job["runtime_env"]["py_modules"]) == 1  # where the credentials went instead
+
+    with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=password):
+        client = MlflowClient(mlflow_auth_server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("nmt-submit").experiment_id])
+        artifacts = client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts"))
+    assert run.info.status == "FINISHED"
+    assert "val_bleu" in run.data.metrics and "train_loss" in run.data.metrics  # logged by the job's actors too
+    texts = {"stdout": result.stdout, "stderr": result.stderr, "job record": json.dumps(job),
+             "job logs": _job_logs(cluster, job_id), "params": repr(run.data.params), "tags": repr(run.data.tags)}
+    # Every artifact and every log file of the cluster's Ray session
+    found = leaks([password], texts, [artifacts, cluster.root / "ray" / "session_latest" / "logs"])
+    assert not found, found
     print(f"submitted training job took {time.monotonic() - started:.0f}s")
 
 
@@ -212,3 +234,38 @@ def test_plan_passes_paths_and_store_explicitly(tmp_path, monkeypatch):
         outside = tmp_path / "mine.yaml"
         outside.write_text("train: {epochs: 1}\n")
         plan(["train", "--config", str(outside)], "http://127.0.0.1:8265")
+
+
+def test_plan_keeps_credentials_out_of_the_command_and_env_vars(monkeypatch):
+    from pipeline.common.errors import UserError
+    from pipeline.launch.submit import plan
+
+    monkeypatch.setenv("HF_TOKEN", "hf-secret-123")
+    monkeypatch.delenv("NOT_SET_HERE", raising=False)
+    job = plan(["train", "--set", "tracking.tracking_uri=http://alice:s3cr%40t@mlflow:5000", "--set", "train.epochs=1"],
+               "http://127.0.0.1:8265", forward_env=["HF_TOKEN"])
+    shown = job.entrypoint + json.dumps(job.runtime_env) + repr(job)
+    assert "s3cr" not in shown and "hf-secret-123" not in shown and "alice" not in shown
+    assert "--set tracking.tracking_uri=http://mlflow:5000 " in job.entrypoint
+    assert job.entrypoint.count("tracking.tracking_uri") == 1 and "train.epochs=1" in job.entrypoint
+    assert job.runtime_env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert job.secrets == {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "s3cr@t",
+                           "HF_TOKEN": "hf-secret-123"}
+    with pytest.raises(UserError, match="--forward-env: NOT_SET_HERE is not set here"):
+        plan(["train"], "http://127.0.0.1:8265", forward_env=["NOT_SET_HERE"])
+    with pytest.raises(UserError, match="command line holds the value of HF_TOKEN"):
+        plan(["train", "--set", "tracking.experiment=hf-secret-123"], "http://127.0.0.1:8265", forward_env=["HF_TOKEN"])
+
+
+def test_forwarded_variables_are_set_by_importing_the_pipeline_in_a_job(tmp_path):
+    from pipeline.launch import job_env
+
+    package = job_env.write_package({"NMT_FORWARDED_PROBE": "value-42"}, tmp_path)
+    assert oct(os.stat(package / job_env.VARIABLES_FILE).st_mode & 0o777) == "0o600"
+    probe = "import os, pipeline; print(os.environ.get('NMT_FORWARDED_PROBE'))"
+    env = {**_clean_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}  # as Ray puts py_modules on the path
+    inside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_clean_env(),
+                             cwd=ROOT, timeout=60)
+    assert inside.stdout.strip() == "value-42", inside.stderr
+    assert outside.stdout.strip() == "None", outside.stderr

@@ -1,9 +1,7 @@
 """SentencePiece tokenizers: the word cache that `nmt prepare` encodes with gives SentencePiece's exact ids."""
 
-import os
-from pathlib import Path
-
 import pytest
+from conftest import multi30k_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +9,7 @@ from pipeline.data.demo_corpus import generate_pairs
 from pipeline.data.encode import normalize
 from pipeline.text.tokenizer import Tokenizer, train_tokenizer
 
-MULTI30K = Path(os.environ.get("NMT_MULTI30K_DIR") or Path(__file__).resolve().parents[2] / "shared/data/multi30k")
+MULTI30K = multi30k_path()  # None on a clone without the corpus: the demo corpus alone is used then
 ODD = ["", " ", "a  b", " leading and trailing ", "tab\tinside", "ä ö ü ß é", "naïve café", "e\u0301 combining",
        "日本語のテキスト", "emoji 🙂 here", "¨ diaeresis alone", "x" * 300, "1,234.5 % $ @", "\u00a0nbsp\u00a0"]
 
@@ -20,8 +18,8 @@ def _sentences() -> list[str]:
     """Multi30k in four languages (when present) and the demo corpus, as `nmt prepare` cleans them."""
     texts = [text for pair in generate_pairs(2000, seed=3) for text in pair]
     for lang in ("en", "de", "fr", "cs"):
-        path = MULTI30K / f"train.{lang}"
-        if path.is_file():
+        path = MULTI30K / f"train.{lang}" if MULTI30K else None
+        if path and path.is_file():
             texts += path.read_text(encoding="utf-8").split("\n")[:3000]
     return [normalize(t) for t in texts]
 

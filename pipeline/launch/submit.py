@@ -13,6 +13,7 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import yaml
 
 from ..common import log, storage
 from ..common.errors import UserError
+from ..track.tracking import resolve_tracking_uri, split_credentials
+from . import job_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # What the job does not need: the virtualenv, prepared data, runs, local MLflow stores, caches.
@@ -49,6 +52,8 @@ class Job:
     entrypoint: str
     runtime_env: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    # Forwarded variables (credentials): they reach the job through job_env, never through the fields above.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def cluster_address(address: str | None) -> str:
@@ -76,8 +81,24 @@ def nmt_args(command: list[str]) -> list[str]:
     return args
 
 
-def plan(command: list[str], address: str, pip: bool = True) -> Job:
-    """Check the nmt command here, then build its entrypoint and runtime_env (no network)."""
+def forwarded(names: list[str]) -> dict[str, str]:
+    """The values of the variables named for --forward-env, each of which must be set here."""
+    secrets = {}
+    for name in names:
+        if not job_env.NAME.fullmatch(name):
+            raise UserError(f"--forward-env: {name!r} is not an environment variable name")
+        if name not in os.environ:
+            raise UserError(f"--forward-env: {name} is not set here; export it first (its value is never shown)")
+        secrets[name] = os.environ[name]
+    return secrets
+
+
+def plan(command: list[str], address: str, pip: bool = True, forward_env: list[str] = ()) -> Job:
+    """Check the nmt command here, then build its entrypoint and runtime_env (no network).
+
+    Credentials never enter the entrypoint or the runtime_env's env_vars (Ray shows both): a tracking
+    URI's user:password@ becomes MLFLOW_TRACKING_USERNAME/PASSWORD, forwarded like --forward-env names.
+    """
     from ..parser import build_parser
 
     if not (PROJECT_ROOT / "pyproject.toml").is_file():
@@ -87,6 +108,7 @@ def plan(command: list[str], address: str, pip: bool = True) -> Job:
     parsed = build_parser().parse_args(args)  # a bad command fails here, with argparse's message, exit 2
     warnings: list[str] = []
     env = {"PYTHONUNBUFFERED": "1"}
+    secrets = forwarded(list(forward_env))
     remote = urlparse(address).hostname not in LOCAL_HOSTS
     if hasattr(parsed, "overrides"):
         for flag in ("--config", "--space"):
@@ -95,11 +117,12 @@ def plan(command: list[str], address: str, pip: bool = True) -> Job:
 
         config_file = _value_of(args, "--config")
         cfg = load_config(PROJECT_ROOT / config_file if config_file else None, parsed.overrides)
-        uri = _tracking_uri(cfg.tracking.tracking_uri)
+        uri, credentials = split_credentials(_tracking_uri(cfg.tracking.tracking_uri))
+        secrets = {**credentials, **secrets}  # variables named explicitly win over the URI's
         runs, output = storage.absolute(cfg.train.storage_path), storage.absolute(cfg.data.output_dir)
         env["MLFLOW_TRACKING_URI"] = uri
-        args += [*_set("tracking.tracking_uri", uri), *_set("train.storage_path", runs),
-                 *_set("data.output_dir", output)]
+        args = [*_without_set(args, "tracking.tracking_uri"), *_set("tracking.tracking_uri", uri),
+                *_set("train.storage_path", runs), *_set("data.output_dir", output)]
         if remote and not uri.startswith(("http://", "https://", "databricks")):
             warnings.append(f"the MLflow store {uri} is a path: the job writes it on the cluster's nodes, not "
                             f"here; use an MLflow server they reach (--set tracking.tracking_uri=http://...)")
@@ -110,7 +133,12 @@ def plan(command: list[str], address: str, pip: bool = True) -> Job:
     runtime_env: dict[str, Any] = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": env}
     if pip:
         runtime_env["pip"] = {"packages": requirements(), "pip_check": False}
-    return Job("python -m pipeline " + shlex.join(args), runtime_env, warnings)
+    entrypoint = "python -m pipeline " + shlex.join(args)
+    for name, value in secrets.items():
+        if value and value in entrypoint:
+            raise UserError(f"the job's command line holds the value of {name}, and Ray shows a job's command to "
+                            f"anyone who lists jobs: take it out of the arguments (the job gets it via --forward-env)")
+    return Job(entrypoint, runtime_env, warnings, secrets)
 
 
 def requirements() -> list[str]:
@@ -130,16 +158,21 @@ def requirements() -> list[str]:
     return [d for d in deps if not d.replace("[", " ").replace(">", " ").replace("=", " ").split()[0] == "ray"]
 
 
-def submit(command: list[str], address: str | None = None, follow: bool = False, pip: bool = True) -> int:
+def submit(command: list[str], address: str | None = None, follow: bool = False, pip: bool = True,
+           forward_env: list[str] = ()) -> int:
     """Submit the command as a Ray Job; with follow, stream its logs and return its exit status."""
     address = cluster_address(address)
-    job = plan(command, address, pip=pip)
+    job = plan(command, address, pip=pip, forward_env=forward_env)
     for warning in job.warnings:
         logger.warning(warning)
     _check_listening(address)
-    with _cluster_errors(address):
+    with _cluster_errors(address), tempfile.TemporaryDirectory(prefix="nmt-submit-") as tmp:
+        runtime_env = dict(job.runtime_env)
+        if job.secrets:  # uploaded with the submission; the temporary copy here goes right after
+            runtime_env["py_modules"] = [str(job_env.write_package(job.secrets, Path(tmp)))]
+            logger.info(f"forwarding {', '.join(sorted(job.secrets))} to the job (values not shown)")
         client = _client(address)
-        job_id = client.submit_job(entrypoint=job.entrypoint, runtime_env=job.runtime_env,
+        job_id = client.submit_job(entrypoint=job.entrypoint, runtime_env=runtime_env,
                                    metadata={"nmt_command": job.entrypoint[:500]})
     logger.info(f"job {job_id} submitted to {address}: {job.entrypoint}")
     if not follow:
@@ -278,12 +311,23 @@ def _value_of(args: list[str], flag: str) -> str | None:
 
 def _tracking_uri(configured: str) -> str:
     """The store the job should log to: as `nmt` would resolve it here, with a relative SQLite path made absolute."""
-    from ..track.tracking import resolve_tracking_uri
-
     uri = resolve_tracking_uri(configured)
     if "://" not in uri:  # a bare directory: MLflow's file store
         uri = str(Path(uri).resolve())
     return uri
+
+
+def _without_set(args: list[str], key: str) -> list[str]:
+    """args without any `--set key=...` (the job gets its own, resolved and without credentials)."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--set" and i + 1 < len(args) and args[i + 1].startswith(f"{key}="):
+            skip = True
+        elif not arg.startswith(f"--set={key}="):
+            out.append(arg)
+    return out
 
 
 def _set(key: str, value: str) -> list[str]:

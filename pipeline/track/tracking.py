@@ -29,6 +29,18 @@ def redact(text: str) -> str:
     return _PASSWORD.sub(r"\1:***@", text)
 
 
+def split_credentials(uri: str) -> tuple[str, dict[str, str]]:
+    """(uri without user:password@, MLflow's variables for them): what `nmt submit` sends instead of the URI."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return uri, {}
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    names = {"MLFLOW_TRACKING_USERNAME": urllib.parse.unquote(user),
+             "MLFLOW_TRACKING_PASSWORD": urllib.parse.unquote(password)}
+    return parts._replace(netloc=host).geturl(), {k: v for k, v in names.items() if v}
+
+
 def resolve_tracking_uri(configured: str = "") -> str:
     """tracking.tracking_uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
 
@@ -64,12 +76,39 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     health = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], path=f"{parts.path}/health").geturl()
     try:  # /health needs no credentials; urllib would take user:password@ for part of the host name
         with urllib.request.urlopen(health, timeout=timeout_s) as response:
-            if response.status == 200:
-                return
+            healthy = response.status == 200
     except (urllib.error.URLError, OSError) as err:
         raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({err}); start it or fix "
                         f"MLFLOW_TRACKING_URI / tracking.tracking_uri") from None
-    raise UserError(f"MLflow tracking server {redact(uri)} answered /health with an error")
+    if not healthy:
+        raise UserError(f"MLflow tracking server {redact(uri)} answered /health with an error")
+    _check_credentials(uri)
+
+
+def _check_credentials(uri: str) -> None:
+    """One authenticated request, without retries: a server with logins refuses wrong credentials here."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    saved = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # a refusal is final; retries only delay the message
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except MlflowException as err:
+        status = err.get_http_status_code()
+        if status == 401:
+            raise UserError(f"MLflow tracking server {redact(uri)} refused the credentials (HTTP 401): set "
+                            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to a user of that server "
+                            "(or MLFLOW_TRACKING_TOKEN)") from None
+        if status == 403:
+            raise UserError(f"MLflow tracking server {redact(uri)}: the user has no permission to read "
+                            "experiments (HTTP 403); ask the server's admin for access") from None
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+        else:
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = saved
 
 
 def _create_sqlite_store(uri: str) -> None:

@@ -26,8 +26,8 @@ from ..config import Config, config_from_dict
 from ..data.batching import collate, equalize_batch_count, token_budget_batches
 from ..data.manifest import load_manifest
 from ..text.metrics import score
-from ..track.tracking import FINAL_KEY, PROGRESS_KEY
 from ..text.translator import translate_ids
+from ..track.tracking import FINAL_KEY, PROGRESS_KEY
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
 
 logger = log.get("train")

@@ -1,0 +1,163 @@
+"""Reading deploy/ for its tests: the YAML, its Kubernetes objects and Ray pods, the README's table, headers' steps."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+from small import ROOT
+
+DEPLOY = ROOT / "deploy"
+KUBERAY = DEPLOY / "kuberay"
+RAY_KINDS = {"RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices"}
+# Variable names whose values are secrets: they must come from a Secret, never from the file.
+SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|_KEY\b|CREDENTIAL")
+
+
+def docs(path: Path) -> list[dict]:
+    """The YAML documents of a file, empty ones left out."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def objects() -> list[tuple[Path, dict]]:
+    """Every Kubernetes object in deploy/kuberay, with its file."""
+    return [(p, d) for p in sorted(KUBERAY.glob("*.yaml")) for d in docs(p)]
+
+
+def by_kind(kind: str) -> list[tuple[Path, dict]]:
+    """The objects of deploy/kuberay of one kind, with their files."""
+    return [(p, d) for p, d in objects() if d["kind"] == kind]
+
+
+def namespace(doc: dict) -> str:
+    return doc["metadata"].get("namespace", "")  # "": kubectl's current namespace
+
+
+def cluster_spec(doc: dict) -> dict:
+    """The RayCluster spec of a RayCluster, RayJob or RayService."""
+    return {"RayCluster": lambda: doc["spec"], "RayJob": lambda: doc["spec"]["rayClusterSpec"],
+            "RayService": lambda: doc["spec"]["rayClusterConfig"]}[doc["kind"]]()
+
+
+def ray_clusters() -> list[tuple[str, dict, dict]]:
+    """(where, the object, its cluster spec) for each RayCluster, RayJob and RayService."""
+    found = [(f"{p.name} {d['kind']}", d, cluster_spec(d)) for p, d in objects() if d["kind"] in RAY_KINDS]
+    assert {d["kind"] for _, d, _ in found} == set(RAY_KINDS)
+    return found
+
+
+def groups(spec: dict) -> list[dict]:
+    """A cluster spec's head group, then its worker groups."""
+    return [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+
+
+def pod_specs(doc: dict) -> list[dict]:
+    """The pod specs an object runs: one per Ray group, one per workload template."""
+    if doc["kind"] in RAY_KINDS:
+        return [group["template"]["spec"] for group in groups(cluster_spec(doc))]
+    if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+        return [doc["spec"]["template"]["spec"]]
+    return []
+
+
+def containers(pod: dict) -> list[dict]:
+    """A pod's init containers, then its containers."""
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def container_env(container: dict) -> dict[str, dict]:
+    """A container's environment variables by name."""
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def prerequisites() -> list[dict]:
+    """The table of deploy/README.md's "What must exist before you apply": kind, name, namespace, keys."""
+    text = (DEPLOY / "README.md").read_text()
+    section = text.split("## What must exist before you apply", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or cells[0] in ("kind", "") or set(cells[0]) <= {"-"}:
+            continue
+        name = re.match(r"`([^`]+)`", cells[1])
+        rows.append({"kind": cells[0], "name": name.group(1) if name else cells[1],
+                     "namespace": "" if cells[2] in ("", "current") else cells[2].strip("`"),
+                     "keys": set(re.findall(r"`([^`]+)`", cells[3]))})
+    assert rows, "deploy/README.md has no prerequisites table"
+    return rows
+
+
+def header(path: Path) -> str:
+    """The file's leading comment block, continuation lines joined."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return "\n".join(lines).replace("\\\n", " ")
+
+
+STEP = re.compile(r"kubectl (?:-n (\S+) )?(create namespace|create secret generic|apply -f) (\S+)(.*)")
+
+
+def steps(text: str) -> list[tuple[str, str, str, set[str]]]:
+    """The `kubectl` steps of a text, in order: (verb, namespace, argument, --from-literal keys)."""
+    return [(verb, ns or "", arg, set(re.findall(r"--from-literal=([\w.-]+)=", rest)))
+            for ns, verb, arg, rest in STEP.findall(text)]
+
+
+def references(doc: dict) -> list[tuple[str, str, str, str | None, bool]]:
+    """What an object names without defining it: (kind, namespace, name, key, optional)."""
+    ns, refs = namespace(doc), []
+    if doc["kind"] in RAY_KINDS:
+        auth = cluster_spec(doc).get("authOptions", {})
+        if auth.get("secretName"):
+            refs.append(("Secret", ns, auth["secretName"], "auth_token", False))
+    if doc["kind"] == "PersistentVolumeClaim" and doc["spec"].get("storageClassName"):
+        refs.append(("StorageClass", "", doc["spec"]["storageClassName"], None, False))
+    if ns:
+        refs.append(("Namespace", "", ns, None, False))
+    for pod in pod_specs(doc):
+        if pod.get("serviceAccountName"):
+            refs.append(("ServiceAccount", ns, pod["serviceAccountName"], None, False))
+        for volume in pod.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                refs.append(("PersistentVolumeClaim", ns, volume["persistentVolumeClaim"]["claimName"], None, False))
+            if "secret" in volume:
+                secret = volume["secret"]
+                refs.append(("Secret", ns, secret["secretName"], None, secret.get("optional", False)))
+            if "configMap" in volume:
+                config_map = volume["configMap"]
+                refs.append(("ConfigMap", ns, config_map["name"], None, config_map.get("optional", False)))
+        for container in containers(pod):
+            refs.append(("Image", "", container["image"], None, False))
+            for var in container.get("env", []):
+                for kind, field in (("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")):
+                    ref = var.get("valueFrom", {}).get(field)
+                    if ref:
+                        refs.append((kind, ns, ref["name"], ref["key"], ref.get("optional", False)))
+            for source in container.get("envFrom", []):
+                for kind, field in (("Secret", "secretRef"), ("ConfigMap", "configMapRef")):
+                    if field in source:
+                        refs.append((kind, ns, source[field]["name"], None, source[field].get("optional", False)))
+    return refs
+
+
+def defined_objects() -> dict[tuple[str, str, str], dict]:
+    """Every object of deploy/kuberay by (kind, namespace, name)."""
+    return {(d["kind"], namespace(d), d["metadata"]["name"]): d for _, d in objects()}
+
+
+def mlflow_container(deployment: dict) -> dict:
+    """The MLflow server's container in mlflow.yaml's Deployment."""
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def mlflow_args(deployment: dict) -> dict:
+    """The server's settings as `mlflow server` parses the manifest's command line."""
+    from mlflow.cli import cli
+
+    container = mlflow_container(deployment)
+    assert container["command"] == ["mlflow", "server"]
+    return cli.commands["server"].make_context("server", list(container["args"])).params

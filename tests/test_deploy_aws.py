@@ -1,0 +1,115 @@
+"""deploy/cluster-aws.yaml and deploy/aws/: the cluster launcher against Ray's own schema, its AMI and IAM policies.
+
+The policies keep the autoscaler's EC2 rights as Ray's AWS provider uses them, and add the bucket, the
+image and the SSM parameters the launcher reads.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import urllib.parse
+from pathlib import Path
+
+import jsonschema
+import yaml
+from deploy_files import DEPLOY, docs
+from small import ROOT
+
+
+def _ray_aws_source(module: str) -> str:
+    """A module of Ray's AWS provider, read as text: importing it needs boto3, which this project does not."""
+    import ray.autoscaler
+
+    return (Path(ray.autoscaler.__file__).parent / "_private" / "aws" / f"{module}.py").read_text()
+
+
+def test_cluster_launcher_matches_rays_schema_and_pins_its_ami():
+    import ray.autoscaler
+
+    default_amis = set(re.findall(r'"(ami-[0-9a-f]+)"', _ray_aws_source("config").split("DEFAULT_AMI = {")[1]
+                                  .split("}")[0]))
+    assert default_amis, "Ray's DEFAULT_AMI moved: update this test"
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    jsonschema.validate(config, schema)
+    assert config["provider"]["type"] == "aws" and config["provider"]["region"]
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0
+    gpu = [t for name, t in types.items() if name != config["head_node_type"] and t["resources"].get("GPU", 0) > 0]
+    assert gpu and all(t["max_workers"] >= 1 and t["node_config"]["InstanceType"] for t in gpu)
+    assert sum(t["max_workers"] for t in gpu) <= config["max_workers"]
+    for name, node_type in types.items():
+        # No ImageId: Ray's DEFAULT_AMI, a Deep Learning AMI with CUDA 11 drivers, too old for the image.
+        image = node_type["node_config"].get("ImageId", "")
+        assert image and image.lower() != "latest_dlami" and image not in default_amis, name
+        assert re.fullmatch(r"ami-[0-9a-f]+|resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+                            r"base-oss-nvidia-driver-gpu-ubuntu-22\.04/latest/ami-id", image), name
+    run_options = " ".join(config["docker"]["run_options"])
+    assert "RAY_AUTH_MODE=token" in run_options and "MLFLOW_TRACKING_URI=" in run_options
+    env_file = re.search(r"--env-file (\S+)", run_options).group(1)
+    assert any(c.rstrip().endswith(f"> {env_file}") and "umask 077" in c for c in config["initialization_commands"])
+    assert any("--head" in c for c in config["head_start_ray_commands"])
+    assert config["file_mounts"]["/home/ray/.ray/auth_token"] == "~/.ray/auth_token"
+
+
+def _allows(policy: dict, action: str, resource: str) -> bool:
+    for statement in policy["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        if (statement["Effect"] == "Allow" and any(fnmatch.fnmatch(action, a) for a in actions)
+                and any(fnmatch.fnmatch(resource, r) for r in resources)):
+            return True
+    return False
+
+
+def _autoscaler_ec2_actions() -> set[str]:
+    """The EC2 API calls of Ray's AWS node provider, which runs on the head with the head's profile."""
+    source = _ray_aws_source("node_provider")
+    verbs = r"\.((?:run|create|start|stop|terminate)_instances|(?:create|delete)_tags|describe_\w+)\b"
+    calls = set(re.findall(verbs, source))
+    calls |= {"describe_instances"} if ".instances.filter(" in source else set()
+    names = {"create_instances": "RunInstances"}
+    return {"ec2:" + names.get(c, "".join(w.capitalize() for w in c.split("_"))) for c in calls}
+
+
+def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    worker = json.loads((DEPLOY / "aws/ray-worker-policy.json").read_text())
+    trust = json.loads((DEPLOY / "aws/ec2-trust-policy.json").read_text())
+    assert trust["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
+    types = config["available_node_types"]
+    profile = {name: t["node_config"]["IamInstanceProfile"]["Arn"] for name, t in types.items()}
+    assert profile[config["head_node_type"]].endswith("instance-profile/ray-nmt-head")
+    account = profile[config["head_node_type"]].split(":")[4]
+    actions = _autoscaler_ec2_actions()
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "ec2:DescribeInstances"} <= actions
+    for action in actions:
+        assert _allows(head, action, "*"), f"the head's profile lacks {action}, which Ray's autoscaler calls"
+    for name, arn in profile.items():
+        if name != config["head_node_type"]:
+            role = arn.replace(":instance-profile/", ":role/")  # the README names each role like its profile
+            assert _allows(head, "iam:PassRole", role), f"the head cannot launch {name} with {arn}"
+    region = config["provider"]["region"]
+    for name, node_type in types.items():
+        image = node_type["node_config"]["ImageId"]
+        if image.startswith("resolve:ssm:"):
+            parameter = f"arn:aws:ssm:{region}::parameter{image.removeprefix('resolve:ssm:')}"
+            assert _allows(head, "ssm:GetParameters", parameter), f"the head cannot resolve {name}'s AMI"
+    wmt = yaml.safe_load((ROOT / "configs" / "wmt14_en_de.yaml").read_text())
+    repository = config["docker"]["image"].split("/", 1)[1].split(":")[0]
+    for policy in (head, worker):
+        for uri in (wmt["train"]["storage_path"], wmt["data"]["output_dir"]):
+            bucket, key = urllib.parse.urlsplit(uri).netloc, urllib.parse.urlsplit(uri).path.lstrip("/")
+            assert _allows(policy, "s3:ListBucket", f"arn:aws:s3:::{bucket}")
+            for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+                assert _allows(policy, action, f"arn:aws:s3:::{bucket}/{key}/part-0.parquet"), (action, uri)
+        for action in ("ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"):
+            assert _allows(policy, action, f"arn:aws:ecr:{region}:{account}:repository/{repository}"), action
+        for command in config["initialization_commands"]:
+            for parameter in re.findall(r"--name (/\S+)", command):
+                assert _allows(policy, "ssm:GetParameter", f"arn:aws:ssm:{region}:{account}:parameter{parameter}")
+    assert not any(_allows(worker, a, "*") for a in ("ec2:RunInstances", "ec2:TerminateInstances", "iam:PassRole"))
