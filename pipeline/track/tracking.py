@@ -20,6 +20,10 @@ RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating
 TRIAL_TAG = "nmt.trial_id"  # a trial's child run, found again from Tune's results
 STEP_KEYS = ("step", "time")  # where a report's values belong, not values themselves
 PROGRESS_KEY = "progress_values"  # a report's earlier progress values (each a dict with step and time)
+# MLflow's variables for a server with logins (and its TLS settings): read by every MLflow client.
+CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                        "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH",
+                        "MLFLOW_TRACKING_CLIENT_CERT_PATH")
 FINAL_KEY = "final"  # True on a run's last report: metrics still held back must reach MLflow now
 _PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the password of scheme://user:password@host
 
@@ -274,9 +278,21 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
+def credentials() -> dict[str, str]:
+    """MLflow's login variables as set here: what Ray actors (on any node) need to log to the same server."""
+    return {name: os.environ[name] for name in CREDENTIAL_VARIABLES if name in os.environ}
+
+
+def use_credentials(values: dict[str, str]) -> None:
+    """Set credentials() of the driver in this process (a Ray actor: it has the environment of its node)."""
+    os.environ.update(values)
+
+
 def report_callback(uri: str, run_id: str):
     """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place)."""
     from ray.train import UserCallback
+
+    login = credentials()  # carried to the controller inside the callback, not through an env var Ray shows
 
     class MLflowReportCallback(UserCallback):
         def __init__(self):
@@ -284,6 +300,7 @@ def report_callback(uri: str, run_id: str):
 
         def after_report(self, run_context, metrics, checkpoint):
             log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
+            use_credentials(login)
             # This process only logs metrics: an unreachable server should cost seconds per report,
             # not MLflow's default minutes of retries that would stall the controller.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")

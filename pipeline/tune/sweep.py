@@ -69,6 +69,7 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any], train_data=None) ->
     from ..data.manifest import load_manifest
 
     log.setup(setup["log_level"])  # a Ray actor of its own: its trial's workers log at the driver's level
+    tracking.use_credentials(setup["credentials"])
     trial_id = tune.get_context().get_trial_id()
     cfg, problem = apply(config_from_dict(setup["base"]), params)
     uri = setup["uri"]
@@ -152,7 +153,9 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                                config_file, extra_files=(space_path,))
     logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
     setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
-             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train", "log_level": log.level()}
+             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train", "log_level": log.level(),
+             # Trials run on any node, without this process's environment: the MLflow login goes with them.
+             "credentials": tracking.credentials()}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     # Read once here: a Ray Data read inside a trial would be confined to the trial's (CPU-less) placement group.
