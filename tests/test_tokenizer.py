@@ -9,6 +9,8 @@ from pipeline.data.demo_corpus import generate_pairs
 from pipeline.data.encode import normalize
 from pipeline.text.tokenizer import Tokenizer, train_tokenizer
 
+# Fewer entries than the distinct words of the texts, with or without Multi30k (the demo corpus alone has ~2,700).
+WORD_CACHE = 2000
 MULTI30K = multi30k_path()  # None on a clone without the corpus: the demo corpus alone is used then
 ODD = ["", " ", "a  b", " leading and trailing ", "tab\tinside", "ä ö ü ß é", "naïve café", "e\u0301 combining",
        "日本語のテキスト", "emoji 🙂 here", "¨ diaeresis alone", "x" * 300, "1,234.5 % $ @", "\u00a0nbsp\u00a0"]
@@ -28,7 +30,7 @@ def _sentences() -> list[str]:
 def tokenizers(request):
     texts = _sentences()
     plain = train_tokenizer(texts[::2], texts[1::2], vocab_size=2000, model_type=request.param)
-    return plain, Tokenizer(plain.src_proto, word_cache=5000), texts
+    return plain, Tokenizer(plain.src_proto, word_cache=WORD_CACHE), texts
 
 
 def test_word_cache_gives_sentencepiece_ids_on_real_corpora(tokenizers):
@@ -38,7 +40,7 @@ def test_word_cache_gives_sentencepiece_ids_on_real_corpora(tokenizers):
     assert cached.encode_tgt(texts) == plain.encode_tgt(texts)  # again, now from the cache
     assert cached.encode_tgt_array(texts).to_pylist() == plain.encode_tgt_array(texts).to_pylist() \
         == plain.encode_tgt(texts)
-    assert len(cached._words[0]) == 5000  # bounded: words beyond it are encoded, not stored
+    assert len(cached._words[0]) == WORD_CACHE  # bounded: words beyond it are encoded, not stored
 
 
 @settings(max_examples=200, deadline=None, database=None)
