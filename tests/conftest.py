@@ -124,23 +124,23 @@ def stop_process(process, timeout_s: float = 15.0) -> None:
         process.wait(timeout_s)
 
 
+def _set_environment(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @contextlib.contextmanager
 def environment(**values: str | None):
     """os.environ with values set (None: unset) inside the block, restored afterwards."""
     saved = {key: os.environ.get(key) for key in values}
     try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environment(values)
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environment(saved)
 
 
 def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None):
