@@ -36,8 +36,8 @@ class DataConfig:
     )  # our split name -> file stem (text: <stem>.<lang>) or HF split name
     src_field: str = ""  # tsv/jsonl/parquet/hf column; "" = the language code; dots nest
     tgt_field: str = ""  # like src_field, for the target side
-    hf_name: str = ""  # a hub dataset, e.g. bentrevett/multi30k or wmt14
-    hf_config: str = ""  # e.g. de-en for wmt14
+    hf_name: str = ""  # a hub dataset, e.g. bentrevett/multi30k or wmt/wmt14
+    hf_config: str = ""  # e.g. de-en for wmt/wmt14
     demo_sizes: dict[str, int] = field(
         default_factory=lambda: {"train": 50_000, "validation": 1_000, "test": 1_000}
     )  # demo only: sentence pairs per split

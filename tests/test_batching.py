@@ -1,13 +1,11 @@
-"""Tests of token-budget batching: budget, coverage, determinism, DDP sharding, collation, efficiency."""
+"""Tests of token-budget batching: budget, coverage, determinism, DDP sharding, efficiency."""
 
 import numpy as np
 import pytest
-import torch
 from conftest import require_multi30k
 
 from pipeline.data.batching import (
     batch_cost,
-    collate,
     equalize_batch_count,
     padding_efficiency,
     random_batches,
@@ -173,33 +171,6 @@ def test_per_rank_batch_lists_equalize_to_the_largest_count(num_replicas):
         assert len(equal) == target
         assert max(_costs(equal, s, t)) <= 1000
         _assert_each_once(equal, s.size)
-
-
-def test_collate_pads_right_and_places_bos_and_eos():
-    src_list = [np.array([5, 6, 7]), [8], np.array([9, 10], dtype=np.int32)]
-    tgt_list = [np.array([11, 12]), np.array([13, 14, 15, 16]), np.array([], dtype=np.int64)]
-    src, tgt_in, tgt_out = collate(src_list, tgt_list)
-    assert all(x.dtype == torch.long for x in (src, tgt_in, tgt_out))
-    assert src.shape == (3, 3) and tgt_in.shape == (3, 5) and tgt_out.shape == (3, 5)
-    assert src.tolist() == [[5, 6, 7], [8, 0, 0], [9, 10, 0]]
-    assert tgt_in.tolist() == [[2, 11, 12, 0, 0], [2, 13, 14, 15, 16], [2, 0, 0, 0, 0]]
-    assert tgt_out.tolist() == [[11, 12, 3, 0, 0], [13, 14, 15, 16, 3], [3, 0, 0, 0, 0]]
-
-
-def test_collate_honours_other_special_ids_and_matches_batch_cost():
-    src_list, tgt_list = [[4, 4], [5]], [[6], [7, 7, 7]]
-    src, tgt_in, tgt_out = collate(src_list, tgt_list, pad_id=9, bos_id=1, eos_id=8)
-    assert src.tolist() == [[4, 4], [5, 9]]
-    assert tgt_in.tolist() == [[1, 6, 9, 9], [1, 7, 7, 7]]
-    assert tgt_out.tolist() == [[6, 8, 9, 9], [7, 7, 7, 8]]
-    assert src.numel() + tgt_in.numel() == batch_cost([2, 1], [1, 3], [0, 1])
-
-
-def test_collate_rejects_mismatched_or_empty_input():
-    with pytest.raises(ValueError):
-        collate([[1]], [[1], [2]])
-    with pytest.raises(ValueError):
-        collate([], [])
 
 
 # Real data: Multi30k through a SentencePiece joint BPE, the project's tokenization recipe.

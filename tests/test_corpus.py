@@ -1,6 +1,7 @@
 """Reading corpora strictly: every bad input is a one-line error naming file and line, pairing never shifts."""
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -122,3 +123,38 @@ def test_source_fingerprint_follows_file_contents(tmp_path):
     assert source_fingerprint(cfg) == first
     write_pair(tmp_path, "train", b"a\n", b"c\n")
     assert source_fingerprint(cfg) != first
+
+
+WMT14_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "wmt14_en_de.yaml")
+
+
+def test_the_wmt14_config_reads_a_saved_copy_with_the_hubs_schema(tmp_path):
+    """configs/wmt14_en_de.yaml as shipped, pointed at a save_to_disk copy of wmt/wmt14 de-en's layout."""
+    datasets = pytest.importorskip("datasets")
+    from pipeline.config import load_config
+
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    pairs = [{"de": f"Ein Haus {i}.", "en": f"A house {i}."} for i in range(5)]
+    splits = {name: datasets.Dataset.from_dict({"translation": pairs}, features=features)
+              for name in ("train", "validation", "test")}
+    # A selection leaves an indices mapping over the Arrow table; only the selected rows count.
+    splits["train"] = splits["train"].select([4, 0, 2])
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "wmt14"))
+    cfg = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}"])
+    assert (cfg.data.hf_name, cfg.data.hf_config) == ("wmt/wmt14", "de-en")
+    corpus = read_corpus(cfg.data)
+    assert corpus["train"].column("src").to_pylist() == ["A house 4.", "A house 0.", "A house 2."]
+    assert corpus["test"].column("tgt").to_pylist() == [p["de"] for p in pairs]
+    wrong = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}", "data.src_field=translation.fr"])
+    with pytest.raises(CorpusError, match=r"wmt14\[train\]: column 'translation.fr' does not exist .*data.src_field"):
+        read_corpus(wrong.data)
+
+
+def test_a_missing_value_in_a_saved_dataset_names_its_row(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {"en": ["A house.", None, "A tree."], "de": ["Ein Haus.", "Ein Hund.", "Ein Baum."]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
+                          "validation": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "hf"))
+    cfg = DataConfig(source="hf", path=str(tmp_path / "hf"), splits={"train": "train", "validation": "validation"})
+    with pytest.raises(CorpusError, match=r"column 'en' has 1 missing values \(the first in row 1\)"):
+        read_corpus(cfg)

@@ -1,11 +1,12 @@
-"""Token-budget batching for training: length-bucketed batches, equal counts per rank, collation.
+"""Token-budget batching for training: length-bucketed batches, equal counts per rank.
 
 An example is a pair of id arrays (source ids, target ids) without bos/eos. The model sees
 `src` = source ids, `tgt_in` = [bos] + target ids and `tgt_out` = target ids + [eos], so a
 batch of B examples costs B * (max source length + max target length + 1) padded tokens,
 and every batch keeps that cost within `max_tokens` (the paper's ~25k-token batches).
 
-Batches are numpy index arrays into the caller's examples; only `collate` touches torch.
+Batches are numpy index arrays into the caller's examples; shard.TokenShard.collate turns one
+into tensors.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-
-from ..text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # The first window a batch search looks at; it doubles while every example in it still fits.
 _MIN_WINDOW = 64
@@ -186,32 +184,3 @@ def padding_efficiency(batches: Sequence[np.ndarray], src_lengths, tgt_lengths) 
     widths = np.maximum.reduceat(src[flat], starts) + np.maximum.reduceat(tgt[flat], starts) + 1
     real = int((src[flat] + tgt[flat] + 1).sum())
     return real / int((sizes * widths).sum())
-
-
-def _pad_rows(rows: Sequence[np.ndarray], width: int, pad_id: int, offset: int = 0) -> np.ndarray:
-    """Rows left-aligned at column `offset` in a [len(rows), width] array of `pad_id`."""
-    lengths = np.array([r.size for r in rows], dtype=np.int64)
-    out = np.full((len(rows), width), pad_id, dtype=np.int64)
-    columns = np.arange(width)
-    mask = (columns >= offset) & (columns < (lengths + offset)[:, None])
-    # Boolean assignment fills row by row, which is exactly the order of the concatenation.
-    out[mask] = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
-    return out
-
-
-def collate(src_list, tgt_list, pad_id: int = PAD_ID, bos_id: int = BOS_ID, eos_id: int = EOS_ID):
-    """Right-padded (src [B, S], tgt_in [B, T + 1], tgt_out [B, T + 1]) LongTensors for one batch."""
-    if len(src_list) != len(tgt_list):
-        raise ValueError(f"collate got {len(src_list)} sources but {len(tgt_list)} targets")
-    if len(src_list) == 0:
-        raise ValueError("collate needs at least one example")
-    srcs = [np.asarray(x, dtype=np.int64).reshape(-1) for x in src_list]
-    tgts = [np.asarray(y, dtype=np.int64).reshape(-1) for y in tgt_list]
-    max_src = max(x.size for x in srcs)
-    max_tgt = max(y.size for y in tgts)
-    src = _pad_rows(srcs, max_src, pad_id)
-    tgt_in = _pad_rows(tgts, max_tgt + 1, pad_id, offset=1)
-    tgt_in[:, 0] = bos_id
-    tgt_out = _pad_rows(tgts, max_tgt + 1, pad_id)
-    tgt_out[np.arange(len(tgts)), [y.size for y in tgts]] = eos_id
-    return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)

@@ -23,8 +23,9 @@ from model import Transformer, average_checkpoints, label_smoothed_cross_entropy
 from ..common import checkpoint, log
 from ..common.errors import UserError
 from ..config import Config, config_from_dict
-from ..data.batching import collate, equalize_batch_count, token_budget_batches
+from ..data.batching import equalize_batch_count, token_budget_batches
 from ..data.manifest import load_manifest
+from ..data.shard import COLUMNS, TokenShard
 from ..text.metrics import score
 from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, PROGRESS_KEY
@@ -54,10 +55,6 @@ def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     return torch.float16
 
 
-def _examples(table) -> tuple[list[list[int]], list[list[int]]]:
-    return table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()
-
-
 class Replica:
     """One data-parallel replica: its model, optimizer and data, and the steps that change them."""
 
@@ -81,11 +78,9 @@ class Replica:
         self.ddp_model = ctx.prepare_model(self.model)
         if self.train_cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
-        self.src, self.tgt = _examples(ctx.train_shard(data_path))
-        self.src_len = np.fromiter(map(len, self.src), dtype=np.int64, count=len(self.src))
-        self.tgt_len = np.fromiter(map(len, self.tgt), dtype=np.int64, count=len(self.tgt))
-        val = manifest.read_split("validation", ["src_ids", "tgt_ids", "tgt"])
-        self.val_src, self.val_tgt = _examples(val)
+        self.shard = ctx.train_shard(data_path)
+        val = manifest.read_split("validation", [*COLUMNS, "tgt"])
+        self.val = TokenShard.from_batches([val])
         self.val_refs = val.column("tgt").to_pylist()
 
     def _restore(self) -> None:
@@ -126,10 +121,10 @@ class Replica:
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
-        batches = token_budget_batches(self.src_len, self.tgt_len, self.train_cfg.max_tokens,
+        lengths = self.shard.src.lengths, self.shard.tgt.lengths
+        batches = token_budget_batches(*lengths, self.train_cfg.max_tokens,
                                        seed=self.train_cfg.seed + self.ctx.world_rank, epoch=epoch)
-        return equalize_batch_count(batches, all_reduce_max([len(batches)], self.ctx.device)[0],
-                                    self.src_len, self.tgt_len)
+        return equalize_batch_count(batches, all_reduce_max([len(batches)], self.ctx.device)[0], *lengths)
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """Updates the whole run will make (for the ETA and the end condition)."""
@@ -142,7 +137,7 @@ class Replica:
         self.ddp_model.train()
         loss_sum, tokens = 0.0, 0
         for i, index in enumerate(batches):
-            src, tgt_in, tgt_out = collate([self.src[j] for j in index], [self.tgt[j] for j in index])
+            src, tgt_in, tgt_out = self.shard.collate(index)
             src, tgt_in, tgt_out = (t.to(self.ctx.device, non_blocking=True) for t in (src, tgt_in, tgt_out))
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.ddp_model, "no_sync") \
@@ -176,17 +171,16 @@ class Replica:
         model = unwrap(self.ddp_model)
         model.eval()
         rank, size = self.ctx.world_rank, self.ctx.world_size
-        mine = list(range(rank, len(self.val_src), size))
+        mine = list(range(rank, len(self.val), size))
         loss_sum, nll_sum, tokens = 0.0, 0.0, 0
         for start in range(0, len(mine), 64):
             chunk = mine[start: start + 64]
-            src, tgt_in, tgt_out = (t.to(self.ctx.device) for t in collate(
-                [self.val_src[i] for i in chunk], [self.val_tgt[i] for i in chunk]))
+            src, tgt_in, tgt_out = (t.to(self.ctx.device) for t in self.val.collate(chunk))
             loss, nll, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out,
                                                             self.train_cfg.label_smoothing, self.model_cfg.pad_id)
             loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + int(count)
         loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], self.ctx.device)
-        hyps = translate_ids(model, [self.val_src[i] for i in mine], beam_size=self.train_cfg.beam_size,
+        hyps = translate_ids(model, [self.val.src.ids(i) for i in mine], beam_size=self.train_cfg.beam_size,
                              alpha=self.train_cfg.length_penalty)
         texts = dict(zip(mine, self.tokenizer.decode_tgt(hyps)))
         for part in all_gather_objects(texts):

@@ -17,12 +17,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed as dist
 from torch import nn
 
-TRAIN_COLUMNS = ["row", "src_ids", "tgt_ids"]
+from ..data.shard import COLUMNS as TRAIN_COLUMNS
+from ..data.shard import TokenShard
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -74,8 +76,8 @@ class WorkerContext(abc.ABC):
         return self.world_rank == 0
 
     @abc.abstractmethod
-    def train_shard(self, data_path: str) -> pa.Table:
-        """This rank's training examples (columns row, src_ids, tgt_ids), sorted by row."""
+    def train_shard(self, data_path: str) -> TokenShard:
+        """This rank's training examples as flat arrays, in corpus order."""
 
     @abc.abstractmethod
     def prepare_model(self, model: nn.Module) -> nn.Module:
@@ -107,15 +109,12 @@ class RayContext(WorkerContext):
         self.device = ray.train.torch.get_device()
         self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
 
-    def train_shard(self, data_path: str) -> pa.Table:
+    def train_shard(self, data_path: str) -> TokenShard:
         import ray.train
 
-        shard = ray.train.get_dataset_shard("train")
-        blocks = [pa.Table.from_pydict(batch) if isinstance(batch, dict) else batch
-                  for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow")]
-        table = pa.concat_tables(blocks).select(TRAIN_COLUMNS)
-        # Sorting makes the shard's order independent of how Ray Data scheduled the blocks.
-        return table.sort_by("row")
+        # Whole blocks as they are in the object store: no re-batching copy, one pass.
+        batches = ray.train.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pyarrow")
+        return TokenShard.from_batches(pa.Table.from_pydict(b) if isinstance(b, dict) else b for b in batches)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
@@ -162,11 +161,17 @@ class TorchrunContext(WorkerContext):
         self.checkpoint_root = Path(checkpoint_root)
         self._reports = 0
 
-    def train_shard(self, data_path: str) -> pa.Table:
+    def train_shard(self, data_path: str) -> TokenShard:
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
         from ..data.manifest import load_manifest
 
-        table = load_manifest(data_path).read_split("train", TRAIN_COLUMNS)
-        return table.take(list(range(self.world_rank, table.num_rows, self.world_size)))
+        split = ds.dataset(load_manifest(data_path).split_dir("train"), format="parquet")
+        # Every world_size-th example in corpus order; only the row column is read in full.
+        rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
+        mine = pa.array(rows[self.world_rank::self.world_size])
+        return TokenShard.from_batches(split.to_batches(columns=TRAIN_COLUMNS, filter=pc.field("row").isin(mine)))
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

@@ -1,0 +1,145 @@
+"""A worker's sentence pairs as flat token arrays, and batches cut from them without Python lists.
+
+At WMT14 size one of eight workers holds about 560k pairs and 27M tokens; as Python lists
+that costs about 15x the token bytes and seconds per epoch to walk (benchmarks/scale.py).
+Here each side is one array of ids in the narrowest unsigned type that holds them (uint16
+for vocabularies up to 65,536) plus an int64 start and a length per example, and `collate`
+pads a batch with a few vectorised NumPy calls.
+
+Examples are numbered in corpus order ("row"), whatever order their blocks arrived in: only
+the per-example starts are permuted, never the tokens, so building a shard copies the ids
+once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+COLUMNS = ["row", "src_ids", "tgt_ids"]  # what a shard is built from
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side (source or target) of a shard: ids of every example, concatenated, with starts and lengths."""
+
+    tokens: np.ndarray  # the ids, in the order their blocks arrived
+    starts: np.ndarray  # int64: example i's ids are tokens[starts[i]: starts[i] + lengths[i]]
+    lengths: np.ndarray  # int64
+
+    def ids(self, i: int) -> np.ndarray:
+        """Example i's ids (a view)."""
+        start = int(self.starts[i])
+        return self.tokens[start: start + int(self.lengths[i])]
+
+    def padded(self, index: np.ndarray, width: int, pad_id: int, offset: int = 0) -> np.ndarray:
+        """The examples in `index`, left-aligned at column `offset` of an int64 [len(index), width] array of pad_id."""
+        out = np.full((index.size, width), pad_id, dtype=np.int64)
+        columns = np.arange(width - offset)
+        lengths = self.lengths[index]
+        mask = columns < lengths[:, None]
+        if self.tokens.size:
+            positions = self.starts[index][:, None] + columns
+            # Positions past an example's end may run off the array; they are masked out anyway.
+            np.minimum(positions, self.tokens.size - 1, out=positions)
+            out[:, offset:] = np.where(mask, self.tokens[positions], pad_id)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the three arrays."""
+        return self.tokens.nbytes + self.starts.nbytes + self.lengths.nbytes
+
+
+def _list_parts(column) -> tuple[np.ndarray, np.ndarray]:
+    """(ids narrowed to the smallest unsigned type, lengths) of an Arrow list<int> column or chunk."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    ids, lengths = [], []
+    for chunk in chunks:
+        if chunk.null_count:
+            raise ValueError("a token-id column holds nulls; the prepared data is damaged: run `nmt prepare` again")
+        offsets = chunk.offsets.to_numpy()
+        values = chunk.flatten().to_numpy(zero_copy_only=False)
+        top = int(values.max()) if values.size else 0
+        if values.size and int(values.min()) < 0:
+            raise ValueError("a token-id column holds negative ids; the prepared data is damaged")
+        ids.append(values.astype(np.min_scalar_type(top), copy=False))
+        lengths.append(np.diff(offsets).astype(np.int64))
+    return (np.concatenate(ids) if ids else np.empty(0, np.uint8),
+            np.concatenate(lengths) if lengths else np.empty(0, np.int64))
+
+
+def _side(ids: list[np.ndarray], lengths: list[np.ndarray], order: np.ndarray) -> Side:
+    """A Side from per-block parts in arrival order, with its examples renumbered by `order`."""
+    tokens = np.concatenate(ids) if ids else np.empty(0, np.uint8)
+    arrival_lengths = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+    arrival_starts = np.concatenate(([0], np.cumsum(arrival_lengths)[:-1])).astype(np.int64)
+    return Side(tokens, arrival_starts[order], arrival_lengths[order])
+
+
+@dataclass(frozen=True)
+class TokenShard:
+    """Sentence pairs in corpus order as two flat Sides; examples are addressed by index."""
+
+    src: Side
+    tgt: Side
+    rows: np.ndarray  # int64 corpus row of each example, ascending
+
+    @classmethod
+    def from_batches(cls, batches: Iterable[pa.Table | pa.RecordBatch]) -> TokenShard:
+        """A shard from Arrow batches with columns row, src_ids, tgt_ids, in any order (each block is read once)."""
+        rows, src_ids, src_len, tgt_ids, tgt_len = [], [], [], [], []
+        for batch in batches:
+            rows.append(np.asarray(batch.column("row"), dtype=np.int64))
+            for column, ids, lengths in (("src_ids", src_ids, src_len), ("tgt_ids", tgt_ids, tgt_len)):
+                part_ids, part_lengths = _list_parts(batch.column(column))
+                ids.append(part_ids)
+                lengths.append(part_lengths)
+        row = np.concatenate(rows) if rows else np.empty(0, np.int64)
+        # Sorting by row makes the shard independent of the order in which Ray Data delivered blocks.
+        order = np.argsort(row, kind="stable")
+        return cls(_side(src_ids, src_len, order), _side(tgt_ids, tgt_len, order), row[order])
+
+    @classmethod
+    def from_lists(cls, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> TokenShard:
+        """A shard of a few examples given as id lists (tests, small tools)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"got {len(sources)} sources but {len(targets)} targets")
+        as_lists = pa.list_(pa.int32())
+        table = pa.table({"row": pa.array(range(len(sources)), pa.int64()),
+                          "src_ids": pa.array([list(map(int, s)) for s in sources], as_lists),
+                          "tgt_ids": pa.array([list(map(int, t)) for t in targets], as_lists)})
+        return cls.from_batches([table])
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the shard's arrays."""
+        return self.src.nbytes + self.tgt.nbytes + self.rows.nbytes
+
+    def collate(self, index, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
+                eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-padded (src [B, S], tgt_in [B, T + 1], tgt_out [B, T + 1]) LongTensors for the examples in index.
+
+        `tgt_in` is [bos] + target and `tgt_out` is target + [eos], so a batch costs
+        B * (S + T + 1) padded tokens, as batching.batch_cost counts it.
+        """
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        if index.size == 0:
+            raise ValueError("collate needs at least one example")
+        tgt_lengths = self.tgt.lengths[index]
+        src = self.src.padded(index, int(self.src.lengths[index].max()), pad_id)
+        width = int(tgt_lengths.max()) + 1
+        tgt_in = self.tgt.padded(index, width, pad_id, offset=1)
+        tgt_in[:, 0] = bos_id
+        tgt_out = self.tgt.padded(index, width, pad_id)
+        tgt_out[np.arange(index.size), tgt_lengths] = eos_id
+        return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
