@@ -1,6 +1,6 @@
 """What a WMT14-sized corpus costs: `nmt prepare` at two sizes, one worker's shard, batches and steps from it.
 
-Prints one JSON object (and writes it with --out). The corpus is the built-in demo generator
+Prints one JSON object on one line (and writes it indented with --out). The corpus is the built-in demo generator
 at --pairs training pairs (4.5M, WMT14 En-De's size) and a tenth of that, both seeded: a
 repeated Multi30k would be unrealistically cheap because the tokenizer caches every word
 it has seen, so the distinct-word count of the large corpus is reported too.
@@ -80,11 +80,25 @@ def _run_measured(command: list[str]) -> dict:
 def prepare(pairs: int, output_dir: str) -> tuple[dict, str]:
     """`nmt prepare` of the demo corpus at `pairs` training pairs: its figures and the prepared directory."""
     command = [sys.executable, "-m", "pipeline", "prepare", "--config", "configs/demo.yaml", "-q",
-               "--set", f"data.demo_sizes={{train: {pairs}, validation: 1000, test: 1000}}", "--set", f"data.output_dir={output_dir}"]
+               "--set", f"data.demo_sizes={{train: {pairs}, validation: 1000, test: 1000}}",
+               "--set", f"data.output_dir={output_dir}"]
     figures = _run_measured(command)
     figures["pairs_per_s"] = round(pairs / figures["seconds"])
     (manifest,) = glob.glob(os.path.join(output_dir, "*", "manifest.json"))
     return figures, os.path.dirname(manifest)
+
+
+def prepare_figures(result: dict, pairs: int, tmp: str) -> str:
+    """`nmt prepare` at a tenth of `pairs` and at `pairs`, into result["prepare"]; the large one's directory."""
+    result["prepare"] = {}
+    for size in (pairs // 10, pairs):
+        figures, data_dir = prepare(size, os.path.join(tmp, str(size)))
+        result["prepare"][str(size)] = figures
+        print(f"prepare {size:,} pairs: {figures}", file=sys.stderr)
+    small, large = (result["prepare"][str(n)] for n in (pairs // 10, pairs))
+    result["prepare"]["time_ratio_10x"] = round(large["seconds"] / small["seconds"], 2)
+    result["prepare"]["driver_rss_ratio_10x"] = round(large["peak_rss_mib"] / small["peak_rss_mib"], 2)
+    return data_dir
 
 
 def distinct_words(data_dir: str) -> int:
@@ -102,6 +116,7 @@ def distinct_words(data_dir: str) -> int:
 
 def _load(data_dir: str, workers: int, mode: str) -> None:
     """(In a fresh process) load rank 0's shard as `mode` and print the figures as JSON."""
+    import pipeline.train.workers  # noqa: F401  (torch and the reader imported before measuring)
     from pipeline.data.manifest import load_manifest
     from pipeline.data.shard import COLUMNS
 
@@ -218,6 +233,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="training workers the corpus is sharded over")
     parser.add_argument("--batch-tokens", type=int, default=25_000, help="tokens per batch for the collate figure")
     parser.add_argument("--updates", type=int, default=100, help="updates per side for the step figure")
+    parser.add_argument("--data", help="a prepared corpus to measure the shard on, skipping the prepare figures")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--load", help=argparse.SUPPRESS)  # internal: one _load in this process
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -228,25 +244,18 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    result = {"pairs": args.pairs, "workers": args.workers, "cpus": os.cpu_count(), "prepare": {}}
+    result = {"pairs": args.pairs, "workers": args.workers, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="nmt-scale-") as tmp:
-        for pairs in (args.pairs // 10, args.pairs):
-            figures, data_dir = prepare(pairs, os.path.join(tmp, str(pairs)))
-            result["prepare"][str(pairs)] = figures
-            print(f"prepare {pairs:,} pairs: {figures}", file=sys.stderr)
-        small, large = (result["prepare"][str(n)] for n in (args.pairs // 10, args.pairs))
-        result["prepare"]["time_ratio_10x"] = round(large["seconds"] / small["seconds"], 2)
-        result["prepare"]["driver_rss_ratio_10x"] = round(large["peak_rss_mib"] / small["peak_rss_mib"], 2)
+        data_dir = args.data or prepare_figures(result, args.pairs, tmp)
         result["distinct_source_words"] = distinct_words(data_dir)
         result["shard"] = {mode: load_figures(data_dir, args.workers, mode) for mode in ("flat", "lists")}
         print(f"shard: {result['shard']}", file=sys.stderr)
         shard = _shard(data_dir, args.workers)
         result["collate"] = collate_figures(shard, args.batch_tokens)
         result["step"] = step_figures(shard, args.updates)
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result))  # one line: benchmarks/run_all.py collects it
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

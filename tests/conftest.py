@@ -10,7 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
-HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service"}
+HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket"}
 
 
 def pytest_collection_modifyitems(items):
@@ -88,6 +88,30 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# A local S3-compatible server (moto) stands in for object storage. Its address and test
+# credentials are in the environment from the start, before any Ray instance: Ray workers
+# inherit the environment their node started with, and pyarrow, Ray Train and boto3 all read
+# AWS_ENDPOINT_URL. No test can reach a real bucket.
+S3_ENDPOINT = f"http://127.0.0.1:{free_port()}"
+os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                  AWS_DEFAULT_REGION="us-east-1", AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+for _name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(scope="session")
+def s3_bucket():
+    """A bucket on the session's local S3 server, as an s3:// URI."""
+    import boto3  # moto[server] and boto3 come with the dev extras
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(S3_ENDPOINT.rsplit(":", 1)[1]), verbose=False)
+    server.start()
+    boto3.client("s3").create_bucket(Bucket="nmt-test")
+    yield "s3://nmt-test"
+    server.stop()
 
 
 def wait_http(url: str, timeout_s: float, process=None) -> None:

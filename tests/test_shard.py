@@ -20,10 +20,10 @@ def _reference_collate(sources, targets, pad=0, bos=2, eos=3):
     return [src, tgt_in, tgt_out]
 
 
-def _table(rows, sources, targets, id_type=pa.int32()):
+def _table(rows, sources, targets, id_type=None):
     return pa.table({"row": pa.array(rows, pa.int64()),
-                     "src_ids": pa.array(sources, pa.list_(id_type)),
-                     "tgt_ids": pa.array(targets, pa.list_(id_type))})
+                     "src_ids": pa.array(sources, pa.list_(id_type or pa.int32())),
+                     "tgt_ids": pa.array(targets, pa.list_(id_type or pa.int32()))})
 
 
 def test_collate_pads_right_and_places_bos_and_eos():

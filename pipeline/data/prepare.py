@@ -77,7 +77,14 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
     from ..common.cluster import ensure_ray
 
     ensure_ray(address)
-    out = final if storage.is_uri(final) else storage.temporary_sibling(final)
+    if storage.is_uri(final):
+        # Written in place (object stores cannot rename a prefix) with the manifest last. Files of an
+        # earlier attempt that crashed are deleted first: one cut into other blocks (another cluster
+        # size) would not be overwritten, and its rows would be read twice.
+        out = final
+        storage.remove_dir(out)
+    else:
+        out = storage.temporary_sibling(final)
     try:
         splits = prepare_splits(tables, tokenizer, cfg, out)
         files = [path.rsplit("/", 1)[-1] for path in save_tokenizer(tokenizer, out)]

@@ -38,17 +38,14 @@ class Side:
         start = int(self.starts[i])
         return self.tokens[start: start + int(self.lengths[i])]
 
-    def padded(self, index: np.ndarray, width: int, pad_id: int, offset: int = 0) -> np.ndarray:
-        """The examples in `index`, left-aligned at column `offset` of an int64 [len(index), width] array of pad_id."""
-        out = np.full((index.size, width), pad_id, dtype=np.int64)
-        columns = np.arange(width - offset)
-        lengths = self.lengths[index]
-        mask = columns < lengths[:, None]
-        if self.tokens.size:
-            positions = self.starts[index][:, None] + columns
-            # Positions past an example's end may run off the array; they are masked out anyway.
-            np.minimum(positions, self.tokens.size - 1, out=positions)
-            out[:, offset:] = np.where(mask, self.tokens[positions], pad_id)
+    def padded(self, index: np.ndarray, width: int, pad_id: int) -> np.ndarray:
+        """The examples in `index` as rows of an int64 [len(index), width] array, right-padded with pad_id."""
+        positions = self.starts[index][:, None] + np.arange(width)
+        if not self.tokens.size:
+            return np.full(positions.shape, pad_id, dtype=np.int64)
+        # Positions past an example's end may run off the array ("clip"); they are padding anyway.
+        out = np.take(self.tokens, positions, mode="clip").astype(np.int64)
+        out[np.arange(width) >= self.lengths[index][:, None]] = pad_id
         return out
 
     @property
@@ -137,9 +134,9 @@ class TokenShard:
             raise ValueError("collate needs at least one example")
         tgt_lengths = self.tgt.lengths[index]
         src = self.src.padded(index, int(self.src.lengths[index].max()), pad_id)
-        width = int(tgt_lengths.max()) + 1
-        tgt_in = self.tgt.padded(index, width, pad_id, offset=1)
-        tgt_in[:, 0] = bos_id
-        tgt_out = self.tgt.padded(index, width, pad_id)
+        tgt = self.tgt.padded(index, int(tgt_lengths.max()) + 1, pad_id)  # one column more for eos
+        tgt_out = tgt.copy()
         tgt_out[np.arange(index.size), tgt_lengths] = eos_id
+        tgt_in = np.roll(tgt, 1, axis=1)  # the last column is padding in every row: it wraps to the front
+        tgt_in[:, 0] = bos_id
         return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)

@@ -171,7 +171,10 @@ class TorchrunContext(WorkerContext):
         # Every world_size-th example in corpus order; only the row column is read in full.
         rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
         mine = pa.array(rows[self.world_rank::self.world_size])
-        return TokenShard.from_batches(split.to_batches(columns=TRAIN_COLUMNS, filter=pc.field("row").isin(mine)))
+        # One batch in flight: Arrow's default read-ahead (16 batches) would hold more than the shard itself.
+        batches = split.to_batches(columns=TRAIN_COLUMNS, filter=pc.field("row").isin(mine),
+                                   batch_readahead=0, fragment_readahead=1, use_threads=False)
+        return TokenShard.from_batches(batches)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)
