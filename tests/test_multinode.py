@@ -1,4 +1,7 @@
-"""Two Ray nodes of 1 CPU each, one DDP worker on each: replicas stay identical and learn like one worker."""
+"""Two Ray nodes of 1 CPU each, one DDP worker on each: replicas stay identical and learn like one worker.
+
+The nodes share no local path: the prepared data and the checkpoints are on the session's S3 server.
+"""
 
 import json
 import subprocess
@@ -22,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from pipeline.config import load_config
     from pipeline.train.driver import train
 
-    out = sys.argv[1]
+    out, storage = sys.argv[1], sys.argv[3]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address)
@@ -30,7 +33,7 @@ SCRIPT = textwrap.dedent("""
               "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
               "train.max_tokens=1024", "train.warmup_steps=30", "train.max_steps=40", "train.val_interval=20",
               "train.log_every=5", "train.beam_size=1", "train.average_last=1", "train.resource_wait_s=20",
-              f"data.output_dir={out}/data", f"train.storage_path={out}/runs",
+              f"data.output_dir={storage}/data", f"train.storage_path={storage}/runs",
               f"tracking.tracking_uri=sqlite:///{out}/mlflow.db"]
     results = {}
     for name, extra in {"two_nodes": ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD"],
@@ -39,7 +42,7 @@ SCRIPT = textwrap.dedent("""
         outcome = train(cfg)
         client = MlflowClient(cfg.tracking.tracking_uri)
         results[name] = {"loss": [(m.step, m.value) for m in client.get_metric_history(outcome.run_id, "train_loss")],
-                         "checksum": outcome.metrics["param_checksum"]}
+                         "checksum": outcome.metrics["param_checksum"], "checkpoint": outcome.checkpoint_path}
     nodes = [n for n in ray.nodes() if n["Alive"]]
     results["nodes"] = len(nodes)
     json.dump(results, open(f"{out}/result.json", "w"))
@@ -48,12 +51,14 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ddp_across_two_nodes_synchronises_and_matches_one_worker(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(ROOT / "configs" / "demo.yaml")],
+def test_ddp_across_two_nodes_synchronises_and_matches_one_worker(tmp_path, s3_bucket):
+    storage = f"{s3_bucket}/multinode-{tmp_path.name}"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(ROOT / "configs" / "demo.yaml"), storage],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["nodes"] == 2
+    assert result["two_nodes"]["checkpoint"].removeprefix("s3://").startswith(storage.removeprefix("s3://"))
     # The run would have failed at validation if the replicas' parameters differed.
     assert result["two_nodes"]["checksum"] != 0
     two, one = dict(sorted(result["two_nodes"]["loss"])), dict(sorted(result["one_worker"]["loss"]))

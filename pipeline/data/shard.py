@@ -7,8 +7,8 @@ for vocabularies up to 65,536) plus an int64 start and a length per example, and
 pads a batch with a few vectorised NumPy calls.
 
 Examples are numbered in corpus order ("row"), whatever order their blocks arrived in: only
-the per-example starts are permuted, never the tokens, so building a shard copies the ids
-once.
+the per-example starts are permuted, never the ids, which are copied into one array as the
+blocks arrive.
 """
 
 from __future__ import annotations
@@ -72,10 +72,22 @@ def _list_parts(column) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate(lengths) if lengths else np.empty(0, np.int64))
 
 
+def _concatenate(parts: list[np.ndarray], empty_dtype) -> np.ndarray:
+    """np.concatenate that lets go of each part once it is copied: the peak is the result plus one part."""
+    out = np.empty(sum(p.size for p in parts), np.result_type(*parts) if parts else empty_dtype)
+    position = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        out[position: position + part.size] = part
+        position += part.size
+    return out
+
+
 def _side(ids: list[np.ndarray], lengths: list[np.ndarray], order: np.ndarray) -> Side:
-    """A Side from per-block parts in arrival order, with its examples renumbered by `order`."""
-    tokens = np.concatenate(ids) if ids else np.empty(0, np.uint8)
-    arrival_lengths = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+    """A Side from per-block parts in arrival order (the lists are emptied), examples renumbered by `order`."""
+    tokens = _concatenate(ids, np.uint8)
+    arrival_lengths = _concatenate(lengths, np.int64)
     arrival_starts = np.concatenate(([0], np.cumsum(arrival_lengths)[:-1])).astype(np.int64)
     return Side(tokens, arrival_starts[order], arrival_lengths[order])
 

@@ -162,7 +162,6 @@ class TorchrunContext(WorkerContext):
         self._reports = 0
 
     def train_shard(self, data_path: str) -> TokenShard:
-        import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
         from ..data.manifest import load_manifest
@@ -170,11 +169,15 @@ class TorchrunContext(WorkerContext):
         split = ds.dataset(load_manifest(data_path).split_dir("train"), format="parquet")
         # Every world_size-th example in corpus order; only the row column is read in full.
         rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
-        mine = pa.array(rows[self.world_rank::self.world_size])
-        # One batch in flight: Arrow's default read-ahead (16 batches) would hold more than the shard itself.
-        batches = split.to_batches(columns=TRAIN_COLUMNS, filter=pc.field("row").isin(mine),
-                                   batch_readahead=0, fragment_readahead=1, use_threads=False)
-        return TokenShard.from_batches(batches)
+
+        def mine():
+            # One batch in flight: Arrow's default read-ahead (16 batches) would hold more than the shard itself.
+            for batch in split.to_batches(columns=TRAIN_COLUMNS, batch_readahead=0, fragment_readahead=1,
+                                          use_threads=False):
+                position = np.searchsorted(rows, batch.column("row").to_numpy())
+                yield batch.filter(pa.array(position % self.world_size == self.world_rank))
+
+        return TokenShard.from_batches(mine())
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)
