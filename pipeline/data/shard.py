@@ -110,6 +110,8 @@ class TokenShard:
                 part_ids, part_lengths = _list_parts(batch.column(column))
                 ids.append(part_ids)
                 lengths.append(part_lengths)
+        # The blocks are read: Arrow's allocator keeps their freed buffers cached unless told to let go.
+        pa.default_memory_pool().release_unused()
         row = np.concatenate(rows) if rows else np.empty(0, np.int64)
         # Sorting by row makes the shard independent of the order in which Ray Data delivered blocks.
         order = np.argsort(row, kind="stable")

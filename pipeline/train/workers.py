@@ -171,9 +171,10 @@ class TorchrunContext(WorkerContext):
         rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
 
         def mine():
-            # One batch in flight: Arrow's default read-ahead (16 batches) would hold more than the shard itself.
-            for batch in split.to_batches(columns=TRAIN_COLUMNS, batch_readahead=0, fragment_readahead=1,
-                                          use_threads=False):
+            # Small batches, one in flight: Arrow's default read-ahead (16 batches of 128k rows) holds
+            # more than the shard itself.
+            for batch in split.to_batches(columns=TRAIN_COLUMNS, batch_size=16_384, batch_readahead=0,
+                                          fragment_readahead=1, use_threads=False):
                 position = np.searchsorted(rows, batch.column("row").to_numpy())
                 yield batch.filter(pa.array(position % self.world_size == self.world_rank))
 
