@@ -1,7 +1,7 @@
 """A worker's sentence pairs as flat token arrays, and batches cut from them without Python lists.
 
-At WMT14 size one of eight workers holds about 560k pairs and 27M tokens; as Python lists
-that costs about 15x the token bytes and seconds per epoch to walk (benchmarks/scale.py).
+At WMT14 size one of eight workers holds about 560k pairs and 30M tokens; as Python lists
+that costs about 15x the token bytes and seconds to build (benchmarks/scale.py).
 Here each side is one array of ids in the narrowest unsigned type that holds them (uint16
 for vocabularies up to 65,536) plus an int64 start and a length per example, and `collate`
 pads a batch with a few vectorised NumPy calls.
