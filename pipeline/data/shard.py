@@ -13,7 +13,7 @@ blocks arrive.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,28 +48,17 @@ class Side:
         out[np.arange(width) >= self.lengths[index][:, None]] = pad_id
         return out
 
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the three arrays."""
-        return self.tokens.nbytes + self.starts.nbytes + self.lengths.nbytes
 
-
-def _list_parts(column) -> tuple[np.ndarray, np.ndarray]:
-    """(ids narrowed to the smallest unsigned type, lengths) of an Arrow list<int> column or chunk."""
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    ids, lengths = [], []
-    for chunk in chunks:
+def _list_parts(column) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids narrowed to the smallest unsigned type, lengths) of each chunk of an Arrow list<int> column."""
+    for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
         if chunk.null_count:
             raise ValueError("a token-id column holds nulls; the prepared data is damaged: run `nmt prepare` again")
-        offsets = chunk.offsets.to_numpy()
         values = chunk.flatten().to_numpy(zero_copy_only=False)
-        top = int(values.max()) if values.size else 0
         if values.size and int(values.min()) < 0:
             raise ValueError("a token-id column holds negative ids; the prepared data is damaged")
-        ids.append(values.astype(np.min_scalar_type(top), copy=False))
-        lengths.append(np.diff(offsets).astype(np.int64))
-    return (np.concatenate(ids) if ids else np.empty(0, np.uint8),
-            np.concatenate(lengths) if lengths else np.empty(0, np.int64))
+        top = int(values.max()) if values.size else 0
+        yield values.astype(np.min_scalar_type(top), copy=False), np.diff(chunk.offsets.to_numpy()).astype(np.int64)
 
 
 def _concatenate(parts: list[np.ndarray], empty_dtype) -> np.ndarray:
@@ -107,9 +96,9 @@ class TokenShard:
         for batch in batches:
             rows.append(np.asarray(batch.column("row"), dtype=np.int64))
             for column, ids, lengths in (("src_ids", src_ids, src_len), ("tgt_ids", tgt_ids, tgt_len)):
-                part_ids, part_lengths = _list_parts(batch.column(column))
-                ids.append(part_ids)
-                lengths.append(part_lengths)
+                for part_ids, part_lengths in _list_parts(batch.column(column)):
+                    ids.append(part_ids)
+                    lengths.append(part_lengths)
         # The blocks are read: Arrow's allocator keeps their freed buffers cached unless told to let go.
         pa.default_memory_pool().release_unused()
         row = np.concatenate(rows) if rows else np.empty(0, np.int64)
@@ -130,11 +119,6 @@ class TokenShard:
 
     def __len__(self) -> int:
         return int(self.rows.size)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the shard's arrays."""
-        return self.src.nbytes + self.tgt.nbytes + self.rows.nbytes
 
     def collate(self, index, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
                 eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
