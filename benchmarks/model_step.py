@@ -3,7 +3,7 @@
 Prints one JSON object. Runs with torch alone (no Ray, no MLflow), on CPU or an NVIDIA GPU:
 
     python benchmarks/model_step.py                          # CPU, tiny-sized model
-    python benchmarks/model_step.py --device cuda --preset base --dtype bf16 --batch 128
+    python benchmarks/model_step.py --device cuda --preset base --dtype bf16 --batch 512 --max-len 64 --compile
 """
 
 from __future__ import annotations
@@ -137,12 +137,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is kept")
     parser.add_argument("--decode-batch", type=int, default=32)
     parser.add_argument("--decode-presets", default="tiny,base",
-                        help="comma-separated presets whose greedy decoding is timed")
+                        help="comma-separated presets whose greedy decoding is timed ('' for none)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
     parser.add_argument("--decode-steps", type=int, default=40)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--peak-tflops", type=float, default=989.0,
-                        help="dense peak of the accelerator for MFU (H100/H200 bf16: 989)")
+                        help="dense bf16 peak of the accelerator for MFU (H100/H200 SXM: 989)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -152,14 +153,17 @@ def main(argv=None):
     ours = Transformer(cfg).to(device)
     baseline = NNTransformerBaseline(cfg).to(device)
     batches = make_batches(cfg, args.steps + 2, args.batch, args.max_len, device)
+    # Fixed shapes, so each model compiles once (in the warm-up steps, which are not timed).
+    train_ours = torch.compile(ours) if args.compile else ours
+    train_base = torch.compile(baseline) if args.compile else baseline
 
     ours_tps, base_tps = [], []
     for _ in range(args.rounds):  # alternate so that machine noise hits both alike
-        ours_tps.append(train_throughput(ours, batches, dtype, device))
-        base_tps.append(train_throughput(baseline, batches, dtype, device))
+        ours_tps.append(train_throughput(train_ours, batches, dtype, device))
+        base_tps.append(train_throughput(train_base, batches, dtype, device))
 
     decode = {}
-    for preset in args.decode_presets.split(","):
+    for preset in filter(None, args.decode_presets.split(",")):
         decode_cfg = TransformerConfig.preset(preset, vocab_size=args.vocab_size)
         decoder_model = Transformer(decode_cfg).to(device)
         src = make_batches(decode_cfg, 1, args.decode_batch, args.max_len, device, seed=1)[0][0]
@@ -174,6 +178,7 @@ def main(argv=None):
         }
 
     train_ours, train_base = statistics.median(ours_tps), statistics.median(base_tps)
+    target_tokens = sum(int((b[2] != PAD).sum()) for b in batches) / len(batches)
     non_embedding = ours.num_parameters() - cfg.vocab_size * cfg.d_model
     # ~6 FLOPs per parameter per token (forward 2, backward 4), plus the tied output layer.
     flops_per_token = 6 * (non_embedding + cfg.vocab_size * cfg.d_model)
@@ -183,7 +188,8 @@ def main(argv=None):
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"{torch.get_num_threads()} threads",
         "preset": args.preset, "dtype": args.dtype, "parameters": ours.num_parameters(),
-        "batch": args.batch, "max_len": args.max_len,
+        "batch": args.batch, "max_len": args.max_len, "target_tokens_per_batch": round(target_tokens),
+        "compile": args.compile,
         "train_tokens_per_s": round(train_ours, 1),
         "nn_transformer_tokens_per_s": round(train_base, 1),
         "train_speed_ratio": round(train_ours / train_base, 3),

@@ -67,7 +67,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         raise UserError("--src and --ref go together: the source file and its reference translations")
     cfg = _load(args)
     scores = evaluate(cfg.tracking.tracking_uri, cfg.tracking.experiment, _model_uri(args, cfg), args.beam,
-                      src_file=args.src, ref_file=args.ref, split=args.split, data_dir=args.data)
+                      src_file=args.src, ref_file=args.ref, split=args.split, data_dir=args.data,
+                      device=args.device)
     print(f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
     print(f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})")
     print(f"BLEU lowercased, tokenized {scores['bleu_lc']:.2f}  ({scores['bleu_lc_signature']})")
@@ -78,6 +79,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_translate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .common.devices import resolve_device
     from .data.corpus import read_lines
     from .serve.commands import translate
     from .track import registry, tracking
@@ -89,9 +91,10 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         texts = [line.rstrip("\n") for line in sys.stdin]
     if not texts:
         raise UserError("nothing to translate: give sentences as arguments, --input FILE, or lines on stdin")
+    device = str(resolve_device(args.device))
     cfg = _load(args)
     uri = tracking.connect(cfg.tracking.tracking_uri)
-    model = registry.load(uri, _model_uri(args, cfg))
+    model = registry.load(uri, _model_uri(args, cfg), device=device)
     for line in translate(model, texts, args.beam, progress=bool(args.input)):
         print(line)
     return 0

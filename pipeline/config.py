@@ -146,6 +146,7 @@ class ServeConfig:
     request_timeout_s: float = 30.0  # seconds until a request's answer is 504
     max_texts: int = 64  # sentences per request, more get 413
     max_chars: int = 1000  # characters per sentence, longer get 413
+    num_gpus: float = 0.0  # GPUs per replica (1, or 0.5 to share one); 0: replicas decode on the CPU
 
 
 @dataclass

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", help="where data, runs and mlflow.db go (default: here)")
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
+    device_help = "where to decode: auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N"
     model_help = "MLflow model URI (default: models:/NAME@champion, NAME from tracking.registered_model)"
     evaluate = commands.add_parser("evaluate", parents=[verbosity],
                                    help="score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)")
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", help="a prepared split instead (e.g. test)")
     evaluate.add_argument("--data", help="the prepared dataset for --split (default: the one the model was trained on)")
     evaluate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    evaluate.add_argument("--device", default="auto", help=device_help)
 
     translate = commands.add_parser("translate", parents=[verbosity],
                                     help="translate sentences with a registered model")
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--model", help=model_help)
     translate.add_argument("--input", help="a file of sentences, one per line")
     translate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    translate.add_argument("--device", default="auto", help=device_help)
 
     promote = commands.add_parser("promote", parents=[verbosity],
                                   help="move the champion alias to a model version by hand")

@@ -13,12 +13,33 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket"}
 
 
+def _cuda_test_device() -> str:
+    """Where `cuda` tests run: NMT_TEST_DEVICE (cpu only checks the tests themselves), else the GPU."""
+    return os.environ.get("NMT_TEST_DEVICE", "cuda")
+
+
 def pytest_collection_modifyitems(items):
-    """Refuse a test that uses a heavy fixture without the slow mark: it would make `make test-fast` slow."""
+    """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast)."""
+    cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda_tests and _cuda_test_device() == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason=f"needs a CUDA GPU (torch {torch.__version__} sees none)")
+            for item in cuda_tests:
+                item.add_marker(skip)
     unmarked = [item.nodeid for item in items
                 if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
     if unmarked:
         raise pytest.UsageError(f"mark these tests @pytest.mark.slow (they use {sorted(HEAVY_FIXTURES)}): {unmarked}")
+
+
+@pytest.fixture
+def device():
+    """The torch device of a `cuda` test."""
+    import torch
+
+    return torch.device(_cuda_test_device())
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..common import log
+from ..common.devices import resolve_device
 from ..common.errors import UserError
 from ..data.corpus import read_lines
 from ..text.metrics import check_counts, score_with_signatures
@@ -47,8 +48,10 @@ def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], l
 
 
 def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int, src_file: str | None = None,
-             ref_file: str | None = None, split: str | None = None, data_dir: str | None = None) -> dict:
+             ref_file: str | None = None, split: str | None = None, data_dir: str | None = None,
+             device: str = "auto") -> dict:
     """Translate, score with sacreBLEU, log an evaluation run linked to the model version; returns the scores."""
+    device = str(resolve_device(device))  # a bad --device fails before any work
     uri = tracking.connect(tracking_uri)
     version = registry.model_version(uri, model_uri)
     if split:
@@ -60,7 +63,7 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
         if len(sources) != len(references):
             raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}: "
                             f"they must pair line by line")
-    model = registry.load(uri, model_uri)
+    model = registry.load(uri, model_uri, device=device)
     hypotheses = translate(model, sources, beam_size, progress=True)
     check_counts(hypotheses, references)
     scores = score_with_signatures(hypotheses, references)

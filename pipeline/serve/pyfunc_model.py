@@ -37,10 +37,11 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     """English in, German out (or whatever pair it was trained on), with beam search."""
 
     def load_context(self, context) -> None:
-        """Build the Transformer and tokenizer from the model's artifact files."""
+        """Build the Transformer and tokenizer from the model's artifact files, on model_config's device."""
         from pipeline.text.translator import Translator
 
-        self.translator = Translator.from_files(context.artifacts["translator"])
+        device = (context.model_config or {}).get("device", "auto")  # load_model(..., model_config={"device": ...})
+        self.translator = Translator.from_files(context.artifacts["translator"], device=device)
 
     def predict(self, context, model_input, params: dict | None = None) -> pd.DataFrame:
         """A `translation` column, one row per source sentence; params beam_size, max_len (0: src + 50)."""

@@ -95,17 +95,6 @@ def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
     return model_uri, model_uri
 
 
-def _to_gpu_if_any(model) -> None:
-    """Move our packaged Translator onto the replica's GPU when Serve gave it one (ray_actor_options num_gpus)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return
-    translator = getattr(model.unwrap_python_model(), "translator", None)
-    if translator is not None:
-        translator.model.to("cuda")
-
-
 @serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64)
 @serve.ingress(api)
 class TranslationService:
@@ -117,8 +106,8 @@ class TranslationService:
 
         self.model_uri, self.version, self.tracking_uri = model_uri, version, tracking_uri
         self.max_texts, self.max_chars, self.request_timeout_s = max_texts, max_chars, request_timeout_s
-        self.model = registry.load(tracking_uri, model_uri)
-        _to_gpu_if_any(self.model)
+        # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU.
+        self.model = registry.load(tracking_uri, model_uri, device="auto")
         self._translate_one.set_max_batch_size(max_batch_size)
         self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)
@@ -177,10 +166,11 @@ def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = Trackin
 
 
 def _bind(cfg: ServeConfig, tracking_uri: str, model_uri: str, version: str):
+    gpus = {"ray_actor_options": {"num_cpus": 1, "num_gpus": cfg.num_gpus}} if cfg.num_gpus else {}
     deployment = TranslationService.options(
         max_ongoing_requests=cfg.max_ongoing_requests, max_queued_requests=cfg.max_queued_requests,
         # Overflow answers 503 at once, with a hint when to retry, instead of queueing without bound.
-        backpressure_config={"status_code": 503, "retry_after_s": 1},
+        backpressure_config={"status_code": 503, "retry_after_s": 1}, **gpus,
     )
     return deployment.bind(model_uri, version, tracking_uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
                            cfg.max_texts, cfg.max_chars, cfg.request_timeout_s)

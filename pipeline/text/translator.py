@@ -14,6 +14,7 @@ import torch
 
 from model import Transformer, TransformerConfig, beam_search, greedy_search
 
+from ..common.devices import resolve_device
 from .tokenizer import PAD_ID, Tokenizer
 
 WEIGHTS_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
@@ -54,10 +55,12 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], beam_siz
 
 
 class Translator:
-    """A model and its tokenizer; translate() batches, decodes with beam search and detokenizes."""
+    """A model and its tokenizer on a device; translate() batches, decodes with beam search and detokenizes."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, beam_size: int = 4, alpha: float = 0.6):
-        self.model, self.tokenizer = model.eval(), tokenizer
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, beam_size: int = 4, alpha: float = 0.6,
+                 device: str = "auto"):
+        self.device = resolve_device(device)
+        self.model, self.tokenizer = model.to(self.device).eval(), tokenizer
         self.beam_size, self.alpha = beam_size, alpha
 
     @classmethod
@@ -73,7 +76,7 @@ class Translator:
         """A translator from a training checkpoint directory (weights_only loading)."""
         from ..common import checkpoint
 
-        state = checkpoint.load(directory)
+        state = checkpoint.load(directory)  # onto the CPU first: a checkpoint saved on a GPU loads anywhere
         return cls.from_state(state["model"], TransformerConfig.from_dict(state["model_config"]), tokenizer,
                               **options)
 

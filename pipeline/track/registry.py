@@ -78,6 +78,7 @@ def log_model(uri: str, run_id: str, translator: Translator, example: str, regis
                 name="model", python_model=str(MODEL_CODE), artifacts={"translator": str(Path(tmp) / "translator")},
                 code_paths=[str(PACKAGE_ROOT / "model"), str(PACKAGE_ROOT / "pipeline")],
                 signature=signature, input_example=(sample, params), pip_requirements=pip_requirements(),
+                model_config={"device": "auto"},  # load_model(model_config={"device": "cpu"}) overrides it
                 registered_model_name=registered_name,
             )
 
@@ -123,8 +124,8 @@ def promote(uri: str, name: str, version: str) -> None:
     client.set_registered_model_alias(name, CHAMPION, str(version))
 
 
-def load(uri: str, model_uri: str):
-    """A pyfunc model by URI (models:/name@alias, runs:/id/model, a path), with a clear error if absent."""
+def load(uri: str, model_uri: str, device: str = "auto"):
+    """A pyfunc model by URI (models:/name@alias, runs:/id/model, a path) on a device; a clear error if absent."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -132,7 +133,7 @@ def load(uri: str, model_uri: str):
     try:
         with warnings.catch_warnings():  # predict takes a DataFrame, a list or a str: no one type hint fits
             warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-            return mlflow.pyfunc.load_model(model_uri)
+            return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
     except (MlflowException, OSError) as err:
         reason = redact(str(err).splitlines()[0][:300])
         raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {reason}") from None

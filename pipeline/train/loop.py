@@ -8,6 +8,7 @@ WorkerContext; the loop itself knows nothing of either, so the same code trains 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import random
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from model import Transformer, average_checkpoints, label_smoothed_cross_entropy, warmup_schedule
 
@@ -29,7 +31,8 @@ from ..data.shard import COLUMNS, TokenShard
 from ..text.metrics import score
 from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, PROGRESS_KEY
-from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_max, all_reduce_sum, unwrap
+from .prefetch import Batch, BatchPrefetcher
+from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
 logger = log.get("train")
 
@@ -132,14 +135,20 @@ class Replica:
         total = per_epoch * self.train_cfg.epochs
         return min(total, self.train_cfg.max_steps) if self.train_cfg.max_steps else total
 
-    def update(self, batches: list[np.ndarray]) -> tuple[float, int]:
-        """One optimizer update over update_freq micro-batches; returns (loss sum, target tokens) over ranks."""
+    def prefetch(self, batches: list[np.ndarray]) -> BatchPrefetcher:
+        """The collated batches, built ahead in a thread (pinned when they go to a GPU)."""
+        return BatchPrefetcher(self.shard, batches, pin=self.ctx.device.type == "cuda")
+
+    def update(self, group: list[Batch]) -> torch.Tensor:
+        """One optimizer update over update_freq micro-batches; returns this rank's [loss sum, target tokens].
+
+        The sums stay on the device: the loop syncs them once per log line, not per micro-batch.
+        """
         self.ddp_model.train()
-        loss_sum, tokens = 0.0, 0
-        for i, index in enumerate(batches):
-            src, tgt_in, tgt_out = self.shard.collate(index)
-            src, tgt_in, tgt_out = (t.to(self.ctx.device, non_blocking=True) for t in (src, tgt_in, tgt_out))
-            last = i == len(batches) - 1
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        for i, batch in enumerate(group):
+            src, tgt_in, tgt_out = (t.to(self.ctx.device, non_blocking=True) for t in batch)
+            last = i == len(group) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.ddp_model, "no_sync") \
                 else self.ddp_model.no_sync()  # all-reduce gradients once per update, not per micro-batch
             with sync:
@@ -149,13 +158,13 @@ class Replica:
                 loss, _, count = label_smoothed_cross_entropy(logits, tgt_out, self.train_cfg.label_smoothing,
                                                               self.model_cfg.pad_id, compute_nll=False)
                 self.scaler.scale(loss).backward()
-            loss_sum += loss.item()
-            tokens += int(count)
-        loss_sum, total_tokens = all_reduce_sum([loss_sum, tokens], self.ctx.device)
+            sums += torch.stack([loss.detach().double(), count.double()])
         # DDP averaged the per-rank gradient sums; rescale so that every target token in the
-        # global batch weighs the same: grad = sum over all tokens / all tokens.
+        # global batch weighs the same: grad = sum over all tokens / all tokens. The factor is
+        # a device tensor, so no step waits for the GPU to catch up.
+        total_tokens = all_reduce_(sums[1].clone())
         self.scaler.unscale_(self.optimizer)
-        factor = self.ctx.world_size / max(total_tokens, 1.0)
+        factor = self.ctx.world_size / total_tokens.clamp_min(1.0)
         torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], factor)
         if self.train_cfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
@@ -163,7 +172,7 @@ class Replica:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_sum, int(total_tokens)
+        return sums
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -172,14 +181,14 @@ class Replica:
         model.eval()
         rank, size = self.ctx.world_rank, self.ctx.world_size
         mine = list(range(rank, len(self.val), size))
-        loss_sum, nll_sum, tokens = 0.0, 0.0, 0
+        sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # loss, nll, tokens
         for start in range(0, len(mine), 64):
             chunk = mine[start: start + 64]
             src, tgt_in, tgt_out = (t.to(self.ctx.device) for t in self.val.collate(chunk))
             loss, nll, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out,
                                                             self.train_cfg.label_smoothing, self.model_cfg.pad_id)
-            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + int(count)
-        loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], self.ctx.device)
+            sums += torch.stack([loss.double(), nll.double(), count.double()])
+        loss_sum, nll_sum, tokens = all_reduce_(sums).tolist()
         hyps = translate_ids(model, [self.val.src.ids(i) for i in mine], beam_size=self.train_cfg.beam_size,
                              alpha=self.train_cfg.length_penalty)
         texts = dict(zip(mine, self.tokenizer.decode_tgt(hyps)))
@@ -247,10 +256,15 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     ctx = ctx or RayContext()
     replica = Replica(cfg, loop_config["data_path"], ctx)
     progress, train_cfg = replica.progress, cfg.train
+    if ctx.is_main:
+        group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
+        logger.info(f"{ctx.world_size} worker(s), rank 0 on {ctx.device}, process group: {group}, "
+                    f"{len(replica.shard):,} training pairs on this rank, amp {replica.amp_dtype or 'off'}")
     if progress.finished:
         return
     val_interval = train_cfg.val_interval
-    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+    window = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss sum, target tokens since the last line
+    window_start = time.perf_counter()
     log_every = train_cfg.log_every
     # Progress values wait here and travel with the next report: ray.train.report is a barrier
     # whose queue Ray Train's controller drains only every couple of seconds, so a report per
@@ -264,57 +278,59 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
         run_start_step, run_start = progress.step, time.perf_counter()
         seconds_before = progress.train_seconds
         position = progress.batch_in_epoch
-        while position < len(batches) and not progress.finished:
-            group = batches[position: position + train_cfg.update_freq]
-            loss_sum, tokens = replica.update(group)
-            position += len(group)
-            progress.step, progress.batch_in_epoch = progress.step + 1, position
-            window_loss, window_tokens = window_loss + loss_sum, window_tokens + tokens
-            end_of_epoch = position >= len(batches)
-            out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
-            progress.train_seconds = seconds_before + time.perf_counter() - run_start
-            progress_line = progress.step % log_every == 0
-            report_due = False
-            if progress_line:
-                # Every rank must stop at the same step (or the next all-reduce hangs) and report
-                # together (a report is a barrier): one all-reduce agrees on both.
-                out_of_time, report_due = all_reduce_max(
-                    [int(bool(train_cfg.time_budget_s) and progress.train_seconds >= train_cfg.time_budget_s),
-                     int(time.monotonic() - last_report >= train_cfg.report_interval_s)], replica.ctx.device)
-                out_of_steps |= bool(out_of_time)
-            if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
-                progress.finished = True
-            due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
-            if not (progress_line or due or progress.finished):
-                continue
-            elapsed = time.perf_counter() - window_start
-            rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
-            metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
-                       "train_seconds": progress.train_seconds, **replica.position_metrics(), "time": time.time()}
-            if ctx.is_main:
-                remaining = (total - progress.step) / max(rate, 1e-9)
-                if train_cfg.time_budget_s:
-                    remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
-                logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
-                            f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
-                            f"{metrics['tokens_per_s']:,.0f} tok/s ETA {_eta(max(remaining, 0.0))}")
-            window_loss, window_tokens = 0.0, 0
-            if due or progress.finished:
-                if end_of_epoch and not progress.finished:
-                    progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-                metrics.update(replica.validate())
-                progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
+        with replica.prefetch(batches[position:]) as stream:
+            while position < len(batches) and not progress.finished:
+                group = list(itertools.islice(stream, train_cfg.update_freq))
+                window += replica.update(group)
+                position += len(group)
+                progress.step, progress.batch_in_epoch = progress.step + 1, position
+                end_of_epoch = position >= len(batches)
+                out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
+                progress.train_seconds = seconds_before + time.perf_counter() - run_start
+                progress_line = progress.step % log_every == 0
+                report_due = False
+                if progress_line:
+                    # Every rank must stop at the same step (or the next all-reduce hangs) and report
+                    # together (a report is a barrier): one all-reduce agrees on both.
+                    out_of_time, report_due = all_reduce_max(
+                        [int(bool(train_cfg.time_budget_s) and progress.train_seconds >= train_cfg.time_budget_s),
+                         int(time.monotonic() - last_report >= train_cfg.report_interval_s)], replica.ctx.device)
+                    out_of_steps |= bool(out_of_time)
+                if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
+                    progress.finished = True
+                due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
+                if not (progress_line or due or progress.finished):
+                    continue
+                window_loss, window_tokens = all_reduce_(window).tolist()  # the one host sync per line
+                window.zero_()
+                elapsed = time.perf_counter() - window_start
+                rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
+                metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
+                           "train_seconds": progress.train_seconds, **replica.position_metrics(),
+                           "time": time.time()}
                 if ctx.is_main:
-                    logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                                f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
-                replica.report(metrics, earlier, final=progress.finished and not replica.will_average())
-            elif report_due:
-                ctx.report({**metrics, PROGRESS_KEY: earlier})
-            else:
-                earlier.append(metrics)
-            if due or progress.finished or report_due:
-                earlier, last_report = [], time.monotonic()
-            window_start = time.perf_counter()  # throughput windows leave validation out
+                    remaining = (total - progress.step) / max(rate, 1e-9)
+                    if train_cfg.time_budget_s:
+                        remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
+                    logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
+                                f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
+                                f"{metrics['tokens_per_s']:,.0f} tok/s ETA {_eta(max(remaining, 0.0))}")
+                if due or progress.finished:
+                    if end_of_epoch and not progress.finished:
+                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                    metrics.update(replica.validate())
+                    progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
+                    if ctx.is_main:
+                        logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+                    replica.report(metrics, earlier, final=progress.finished and not replica.will_average())
+                elif report_due:
+                    ctx.report({**metrics, PROGRESS_KEY: earlier})
+                else:
+                    earlier.append(metrics)
+                if due or progress.finished or report_due:
+                    earlier, last_report = [], time.monotonic()
+                window_start = time.perf_counter()  # throughput windows leave validation out
         if not progress.finished and progress.batch_in_epoch >= len(batches):
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0
@@ -333,11 +349,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", help="experiment YAML file")
     parser.add_argument("--data", required=True, help="a prepared dataset directory (from nmt prepare)")
     parser.add_argument("--checkpoints", help="checkpoint directory (default: <storage_path>/<run_name>)")
+    parser.add_argument("--device", default="auto", help="auto (this rank's GPU when there is one), cpu or cuda")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    root = args.checkpoints or os.path.join(cfg.train.storage_path, cfg.train.run_name or "torchrun")
-    train_loop({"config": cfg.to_dict(), "data_path": args.data}, TorchrunContext(root))
+    try:
+        cfg = load_config(args.config, args.overrides)
+        root = args.checkpoints or os.path.join(cfg.train.storage_path, cfg.train.run_name or "torchrun")
+        train_loop({"config": cfg.to_dict(), "data_path": args.data}, TorchrunContext(root, args.device))
+    except UserError as err:  # a user's mistake: the message, not a traceback
+        raise SystemExit(f"{parser.prog}: error: {err}") from None
 
 
 if __name__ == "__main__":

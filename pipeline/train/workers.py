@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..common.devices import resolve_device
 from ..data.shard import COLUMNS as TRAIN_COLUMNS
 from ..data.shard import TokenShard
 
@@ -44,6 +45,13 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a device tensor over ranks in place, without a host sync (a no-op on one process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def all_reduce_max(values: list[int], device: torch.device) -> list[int]:
@@ -149,15 +157,16 @@ class RayContext(WorkerContext):
 class TorchrunContext(WorkerContext):
     """torchrun (or a single plain process): env:// process group, Parquet read directly, local checkpoints."""
 
-    def __init__(self, checkpoint_root: str):
+    def __init__(self, checkpoint_root: str, device: str = "auto"):
         self.world_rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if torch.cuda.is_available():
-            self.device = torch.device("cuda", local_rank)
+        self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", local_rank)  # one GPU per process, as torchrun starts them
             torch.cuda.set_device(self.device)
-        if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if "MASTER_ADDR" in os.environ and not dist.is_initialized():  # under torchrun, even at world size 1
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.checkpoint_root = Path(checkpoint_root)
         self._reports = 0
 
@@ -182,7 +191,7 @@ class TorchrunContext(WorkerContext):
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)
-        if self.world_size > 1:
+        if dist.is_initialized():
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
