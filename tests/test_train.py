@@ -75,6 +75,24 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
         assert torch.allclose(tensor, resumed["model"][name], atol=1e-6, rtol=0), name
 
 
+def test_a_compiled_model_trains_like_the_eager_one_and_a_time_budget_ends_at_a_validation(ray_session, workdir,
+                                                                                              tmp_path):
+    # No progress line before step 1000: the budget (long spent after one step) must stop the run at
+    # the first validation, step 3. Dropout 0: inductor draws other random numbers than eager.
+    overrides = ["train.epochs=50", "train.val_interval=3", "train.log_every=1000", "train.time_budget_s=0.001",
+                 "train.average_last=1", "model.dropout=0", "model.attention_dropout=0"]
+    finals = {}
+    for compiled in (False, True):
+        cfg = small_config(workdir, *overrides, f"train.compile={str(compiled).lower()}")
+        manifest = prepare(cfg.data)
+        train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, StopAfter(tmp_path / str(compiled)))
+        finals[compiled] = checkpoint.load(sorted((tmp_path / str(compiled)).glob("checkpoint_*"))[-1])
+    assert finals[True]["progress"]["step"] == finals[False]["progress"]["step"] == 3
+    assert finals[True]["model"].keys() == finals[False]["model"].keys()  # the bare model, no _orig_mod prefix
+    for name, tensor in finals[False]["model"].items():
+        assert torch.allclose(tensor, finals[True]["model"][name], atol=1e-4, rtol=1e-3), name
+
+
 def _kill_worker_when_checkpointed(storage: Path, killed: list, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -288,8 +288,9 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
                 progress.train_seconds = seconds_before + time.perf_counter() - run_start
                 progress_line = progress.step % log_every == 0
+                due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
                 report_due = False
-                if progress_line:
+                if progress_line or due:
                     # Every rank must stop at the same step (or the next all-reduce hangs) and report
                     # together (a report is a barrier): one all-reduce agrees on both.
                     out_of_time, report_due = all_reduce_max(
@@ -298,7 +299,6 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                     out_of_steps |= bool(out_of_time)
                 if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
                     progress.finished = True
-                due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
                 if not (progress_line or due or progress.finished):
                     continue
                 window_loss, window_tokens = all_reduce_(window).tolist()  # the one host sync per line
