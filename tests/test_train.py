@@ -89,8 +89,11 @@ def test_a_compiled_model_trains_like_the_eager_one_and_a_time_budget_ends_at_a_
         finals[compiled] = checkpoint.load(sorted((tmp_path / str(compiled)).glob("checkpoint_*"))[-1])
     assert finals[True]["progress"]["step"] == finals[False]["progress"]["step"] == 3
     assert finals[True]["model"].keys() == finals[False]["model"].keys()  # the bare model, no _orig_mod prefix
-    for name, tensor in finals[False]["model"].items():
-        assert torch.allclose(tensor, finals[True]["model"][name], atol=1e-4, rtol=1e-3), name
+    # Not element by element: Adam turns a rounding-sized gradient (the key bias's is zero in exact
+    # arithmetic) into a full-sized step of either sign. The model as a whole must agree.
+    eager, compiled = (torch.cat([t.flatten().double() for t in finals[c]["model"].values()]) for c in (False, True))
+    assert (eager - compiled).norm() / eager.norm() < 1e-3
+    assert abs(finals[True]["metrics"]["val_loss"] - finals[False]["metrics"]["val_loss"]) < 1e-3
 
 
 def _kill_worker_when_checkpointed(storage: Path, killed: list, timeout_s: float = 300) -> None:
