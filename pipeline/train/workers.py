@@ -39,14 +39,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sum over ranks (a no-op on one process)."""
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor)
-    return tensor.tolist()
-
-
 def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a device tensor over ranks in place, without a host sync (a no-op on one process)."""
     if dist.is_available() and dist.is_initialized():
