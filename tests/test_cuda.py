@@ -183,7 +183,7 @@ def prepared_data():
 
 def test_torchrun_world_size_one_trains_and_validates_over_nccl(device, prepared_data, tmp_path):
     """The whole worker loop under torchrun: process group (NCCL on a GPU), DDP, two updates, a validation."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     overrides = ["model.preset=tiny", "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=2",
                  "train.max_steps=2", "train.log_every=1", "train.max_tokens=2000", "train.beam_size=1"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
