@@ -164,7 +164,7 @@ class Replica:
         # a device tensor, so no step waits for the GPU to catch up.
         total_tokens = all_reduce_(sums[1].clone())
         self.scaler.unscale_(self.optimizer)
-        factor = self.ctx.world_size / total_tokens.clamp_min(1.0)
+        factor = (self.ctx.world_size / total_tokens.clamp_min(1.0)).float()  # the grads' dtype: foreach's fast path
         torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], factor)
         if self.train_cfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
