@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common.devices import CHOICES_HELP
+
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="experiment YAML file (see configs/)")
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", help="where data, runs and mlflow.db go (default: here)")
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
-    device_help = "where to decode: auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N"
+    device_help = f"where to decode: {CHOICES_HELP} (default auto)"
     model_help = "MLflow model URI (default: models:/NAME@champion, NAME from tracking.registered_model)"
     evaluate = commands.add_parser("evaluate", parents=[verbosity],
                                    help="score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 CHOICES_HELP = "auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N"
 
 
 def resolve_device(setting: str = "auto") -> torch.device:
     """The device that `setting` names; a clear error for a malformed name or a GPU this machine lacks."""
+    import torch  # here, not at the top: the CLI's parser imports CHOICES_HELP and stays quick to load
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
