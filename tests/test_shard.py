@@ -106,12 +106,13 @@ def test_collate_equals_row_by_row_padding(pairs, data):
     assert [t.tolist() for t in shard.collate(index)] == expected
 
 
-def test_torchrun_ranks_split_the_corpus_between_them_in_row_order(tmp_path):
+def test_ranks_split_the_corpus_between_them_in_row_order(tmp_path):
+    """What every worker reads, under Ray Train or torchrun alike (WorkerContext.train_shard)."""
     import json
 
     import pyarrow.parquet as pq
 
-    from pipeline.train.workers import TorchrunContext
+    from pipeline.train.workers import RayContext, TorchrunContext
 
     (tmp_path / "train").mkdir()
     (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {}}}))
@@ -121,8 +122,8 @@ def test_torchrun_ranks_split_the_corpus_between_them_in_row_order(tmp_path):
         pq.write_table(_table(rows[index], [sources[i] for i in index], [[7]] * index.size),
                        tmp_path / "train" / f"part-{part}.parquet")
     shards = []
-    for rank in range(3):
-        context = TorchrunContext.__new__(TorchrunContext)  # a rank of three, without a process group
+    for rank, kind in zip(range(3), (RayContext, TorchrunContext, RayContext)):
+        context = kind.__new__(kind)  # a rank of three, without a process group
         context.world_rank, context.world_size = rank, 3
         shards.append(context.train_shard(str(tmp_path)))
     for rank, shard in enumerate(shards):

@@ -102,9 +102,28 @@ class TokenShard:
         # The blocks are read: Arrow's allocator keeps their freed buffers cached unless told to let go.
         pa.default_memory_pool().release_unused()
         row = np.concatenate(rows) if rows else np.empty(0, np.int64)
-        # Sorting by row makes the shard independent of the order in which Ray Data delivered blocks.
+        # Sorting by row makes the shard independent of the order in which the blocks arrived.
         order = np.argsort(row, kind="stable")
         return cls(_side(src_ids, src_len, order), _side(tgt_ids, tgt_len, order), row[order])
+
+    @classmethod
+    def read(cls, split_dir: str, rank: int = 0, world_size: int = 1) -> TokenShard:
+        """Rank `rank`'s share of a prepared split (a directory or URI of Parquet files): every world_size-th row."""
+        import pyarrow.dataset as ds
+
+        split = ds.dataset(split_dir, format="parquet")
+        # Only the row column is read in full, to number the examples in corpus order.
+        rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
+
+        def mine():
+            # Small batches, one in flight: Arrow's default read-ahead (16 batches of 128k rows) holds
+            # more than the shard itself.
+            for batch in split.to_batches(columns=COLUMNS, batch_size=16_384, batch_readahead=0,
+                                          fragment_readahead=1, use_threads=False):
+                position = np.searchsorted(rows, batch.column("row").to_numpy())
+                yield batch.filter(pa.array(position % world_size == rank))
+
+        return cls.from_batches(mine())
 
     @classmethod
     def from_lists(cls, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> TokenShard:

@@ -14,7 +14,6 @@ from ..data.manifest import Manifest
 from ..track import tracking
 from ..track.publish import best_checkpoint, publish
 from .run import prepare_run, start_tracked_run, tracked_fit
-from .workers import TRAIN_COLUMNS
 
 logger = log.get("train")
 
@@ -40,19 +39,8 @@ def default_run_name(cfg: Config) -> str:
     return f"train-{digest}"
 
 
-def train_dataset(manifest: Manifest):
-    """The train split as a materialized Ray Dataset of the columns workers read.
-
-    Materialized up front (once per sweep, not per trial): training workers may hold every CPU
-    of the cluster, and a lazy read would then wait forever for a CPU to run its read tasks on.
-    """
-    import ray.data
-
-    return ray.data.read_parquet(manifest.split_dir("train")).select_columns(TRAIN_COLUMNS).materialize()
-
-
 def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
-                  callbacks: list | None = None, train_data=None):
+                  callbacks: list | None = None):
     """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial."""
     # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
     # and a timed-out attempt can leave its placement group behind for the retry to wait on.
@@ -80,8 +68,7 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     )
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level()}
     return TorchTrainer(train_loop, train_loop_config=loop_config,
-                        scaling_config=scaling, run_config=run_config,
-                        datasets={"train": train_data if train_data is not None else train_dataset(manifest)})
+                        scaling_config=scaling, run_config=run_config)
 
 
 def train(cfg: Config, address: str | None = None, config_file: str | None = None) -> TrainOutcome:

@@ -3,7 +3,9 @@
 The worker loop (loop.py) sees only a WorkerContext: its rank, its device, its shard of
 the training data, a way to wrap the model for DDP, and report(). RayContext supplies them
 from Ray Train; TorchrunContext from torchrun's environment, so the same loop runs on a GPU
-machine that has torch but no Ray.
+machine that has torch but no Ray. Either way each rank reads its own rows of the prepared
+Parquet files from storage: no Ray Dataset in between, so a run starts no dataset actors and
+the driver never holds the corpus.
 """
 
 from __future__ import annotations
@@ -17,14 +19,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..common.devices import resolve_device
-from ..data.shard import COLUMNS as TRAIN_COLUMNS
 from ..data.shard import TokenShard
 
 
@@ -75,9 +74,11 @@ class WorkerContext(abc.ABC):
         """True on rank 0, the rank that saves checkpoints and prints progress (the one gate)."""
         return self.world_rank == 0
 
-    @abc.abstractmethod
     def train_shard(self, data_path: str) -> TokenShard:
-        """This rank's training examples as flat arrays, in corpus order."""
+        """This rank's training examples as flat arrays, in corpus order, read from the prepared data's storage."""
+        from ..data.manifest import load_manifest
+
+        return TokenShard.read(load_manifest(data_path).split_dir("train"), self.world_rank, self.world_size)
 
     @abc.abstractmethod
     def prepare_model(self, model: nn.Module) -> nn.Module:
@@ -93,7 +94,7 @@ class WorkerContext(abc.ABC):
 
 
 class RayContext(WorkerContext):
-    """Ray Train supplies the process group, the dataset shard and report()."""
+    """Ray Train supplies the process group, the device, checkpoints and report()."""
 
     def __init__(self):
         import logging
@@ -108,13 +109,6 @@ class RayContext(WorkerContext):
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
         self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
-
-    def train_shard(self, data_path: str) -> TokenShard:
-        import ray.train
-
-        # Whole blocks as they are in the object store: no re-batching copy, one pass.
-        batches = ray.train.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pyarrow")
-        return TokenShard.from_batches(pa.Table.from_pydict(b) if isinstance(b, dict) else b for b in batches)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
@@ -147,7 +141,7 @@ class RayContext(WorkerContext):
 
 
 class TorchrunContext(WorkerContext):
-    """torchrun (or a single plain process): env:// process group, Parquet read directly, local checkpoints."""
+    """torchrun (or a single plain process): env:// process group, local checkpoints."""
 
     def __init__(self, checkpoint_root: str, device: str = "auto"):
         self.world_rank = int(os.environ.get("RANK", 0))
@@ -161,25 +155,6 @@ class TorchrunContext(WorkerContext):
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.checkpoint_root = Path(checkpoint_root)
         self._reports = 0
-
-    def train_shard(self, data_path: str) -> TokenShard:
-        import pyarrow.dataset as ds
-
-        from ..data.manifest import load_manifest
-
-        split = ds.dataset(load_manifest(data_path).split_dir("train"), format="parquet")
-        # Every world_size-th example in corpus order; only the row column is read in full.
-        rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
-
-        def mine():
-            # Small batches, one in flight: Arrow's default read-ahead (16 batches of 128k rows) holds
-            # more than the shard itself.
-            for batch in split.to_batches(columns=TRAIN_COLUMNS, batch_size=16_384, batch_readahead=0,
-                                          fragment_readahead=1, use_threads=False):
-                position = np.searchsorted(rows, batch.column("row").to_numpy())
-                yield batch.filter(pa.array(position % self.world_size == self.world_rank))
-
-        return TokenShard.from_batches(mine())
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

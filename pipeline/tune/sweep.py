@@ -20,7 +20,7 @@ from ..common.errors import UserError
 from ..config import Config, config_from_dict
 from ..track import tracking
 from ..track.publish import publish
-from ..train.driver import build_trainer, train_dataset
+from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
 from .search_space import apply, grid_size, load_space, to_tune
 from .summary import SweepOutcome, best_trial, log_summary, summarize
@@ -62,7 +62,7 @@ def _validation_reports():
     return ValidationReports()
 
 
-def run_trial(params: dict[str, Any], setup: dict[str, Any], train_data=None) -> None:
+def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     """One trial: the base config plus the sampled values, trained by the same TorchTrainer as `nmt train`."""
     from ray import tune
 
@@ -82,8 +82,7 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any], train_data=None) ->
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
         return
     trainer = build_trainer(cfg, load_manifest(setup["data_path"]), trial_id, setup["train_storage"],
-                            callbacks=[_validation_reports(), tracking.report_callback(uri, child)],
-                            train_data=train_data)
+                            callbacks=[_validation_reports(), tracking.report_callback(uri, child)])
     trainer.fit()
     tracking.end_run(uri, child)
 
@@ -158,9 +157,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
              "credentials": tracking.credentials()}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
-    # Read once here: a Ray Data read inside a trial would be confined to the trial's (CPU-less) placement group.
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, train_data=train_dataset(manifest)),
-                                    {"cpu": 0, "memory": 2**26})
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
     search_alg, param_space, samples = _search(cfg, space)
     if exists:
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
