@@ -25,9 +25,9 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("train")
 
 
-def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(ray_session, workdir):
-    cfg = small_config(workdir, "train.epochs=2", "train.average_last=2")
-    outcome = train(cfg)
+def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion):
+    # The session's champion is `nmt train`'s code path on the small config (conftest): this test reads its run.
+    cfg, outcome = champion.cfg, champion.outcome
     assert outcome.checkpoint_path and Path(outcome.checkpoint_path, checkpoint.MODEL_FILE).is_file()
     client = MlflowClient(cfg.tracking.tracking_uri)
     run = client.get_run(outcome.run_id)
@@ -38,11 +38,13 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(ray_sessi
     assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id)}
     assert {"config.resolved.yaml", "manifest.json", "tokenizer", "demo.yaml"} - {"demo.yaml"} <= artifacts
-    # The same command again finds the finished run: no new training, no second MLflow run.
+    # The same command again finds the finished run: no new training, no second MLflow run, no new version.
     again = train(cfg)
     assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
+    assert again.registered is None
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     assert len(client.search_runs([experiment.experiment_id])) == 1
+    assert len(client.search_model_versions(f"run_id = '{outcome.run_id}'")) == 1
 
 
 class StopAfter(TorchrunContext):
