@@ -58,6 +58,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from .track.tracking import redact
+
+    if args.keys:
+        from .config_keys import sections
+
+        for section in sections():
+            print(f"{section.name}: {section.doc}")
+            for key in section.keys:
+                default = yaml.safe_dump(key.default, default_flow_style=True, width=1000).removesuffix("...\n").strip()
+                print(f"  {key.name} ({key.type}, default {default}): {key.meaning}")
+        return 0
+    cfg = _load(args)
+    sources = " < ".join(["defaults", *([args.config] if args.config else []), *(["--set"] if args.overrides else [])])
+    print(f"# nmt config: {sources}")
+    print(redact(yaml.safe_dump(cfg.to_dict(), sort_keys=False)), end="")
+    return 0
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .serve.commands import evaluate
 
@@ -129,7 +150,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return submit(args.job, address=args.address, follow=args.follow, pip=args.pip, forward_env=names)
 
 
-HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "demo": _cmd_demo,
+HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "demo": _cmd_demo, "config": _cmd_config,
             "evaluate": _cmd_evaluate, "translate": _cmd_translate, "promote": _cmd_promote, "serve": _cmd_serve,
             "submit": _cmd_submit}
 

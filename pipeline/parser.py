@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 
 from .common.devices import CHOICES_HELP
 
@@ -13,8 +14,17 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override one config key, e.g. --set train.epochs=3 (repeatable)")
 
 
+def _version() -> str:
+    try:
+        return metadata.version("transformer-nmt")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    address = argparse.ArgumentParser(add_help=False)
+    address.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     verbosity = argparse.ArgumentParser(add_help=False)
     verbosity.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
                            default=argparse.SUPPRESS, help="more detail, Ray's own INFO lines included")
@@ -24,37 +34,56 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nmt", description="Train, tune, evaluate and serve Transformer translation models on Ray.",
         parents=[verbosity],
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.set_defaults(verbosity=0)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    prepare = commands.add_parser("prepare", parents=[verbosity],
-                                  help="clean, tokenize and shard a corpus with Ray Data")
+    def command(name: str, summary: str, examples: list[str], parents=(), **kwargs) -> argparse.ArgumentParser:
+        """A subcommand whose --help starts with its one-line summary and ends with examples."""
+        epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+        return commands.add_parser(name, parents=[verbosity, *parents], help=summary,
+                                   description=kwargs.pop("description", summary), epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+    prepare = command("prepare", "clean, tokenize and shard a corpus with Ray Data",
+                      ["nmt prepare --config configs/multi30k_en_de.yaml",
+                       "nmt prepare --config configs/demo.yaml --set data.output_dir=s3://bucket/prepared"],
+                      parents=[address])
     _add_config_options(prepare)
-    prepare.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     prepare.add_argument("--force", action="store_true", help="prepare anew even if a cached copy exists")
 
-    train = commands.add_parser("train", parents=[verbosity],
-                                help="train on Ray Train (resumes a run of the same name)")
+    train = command("train", "train on Ray Train (resumes a run of the same name)",
+                    ["nmt train --config configs/demo.yaml --set train.epochs=3",
+                     "nmt train --config configs/multi30k_en_de.yaml --set train.num_workers=4 --address auto"],
+                    parents=[address])
     _add_config_options(train)
-    train.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
 
-    tune = commands.add_parser("tune", parents=[verbosity],
-                               help="sweep hyperparameters with Ray Tune (ASHA), trials on Ray Train")
+    tune = command("tune", "sweep hyperparameters with Ray Tune (ASHA), trials on Ray Train",
+                   ["nmt tune --config configs/demo.yaml --space tune_spaces/demo.yaml",
+                    "nmt tune --config configs/demo.yaml --space tune_spaces/demo.yaml --resume"],
+                   parents=[address])
     _add_config_options(tune)
     tune.add_argument("--space", required=True, help="search space YAML (see tune_spaces/)")
-    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     tune.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
 
-    demo = commands.add_parser("demo", parents=[verbosity],
-                               help="the whole pipeline on the built-in corpus in minutes (make demo)")
+    demo = command("demo", "the whole pipeline on the built-in corpus in minutes (make demo)",
+                   ["nmt demo", "nmt demo --quick --workdir /tmp/nmt-demo"])
     demo.add_argument("--quick", action="store_true", help="a smaller corpus, model and sweep (for CI)")
     demo.add_argument("--workdir", help="where data, runs and mlflow.db go (default: here)")
-    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override one config key of configs/demo.yaml (repeatable)")
+
+    config = command("config", "print the resolved configuration (a dry run: nothing starts), or every key",
+                     ["nmt config --config configs/demo.yaml --set train.epochs=3",
+                      "nmt config --keys | grep warmup"])
+    _add_config_options(config)
+    config.add_argument("--keys", action="store_true", help="list every key with its type, default and meaning")
 
     device_help = f"where to decode: {CHOICES_HELP} (default auto)"
     model_help = "MLflow model URI (default: models:/NAME@champion, NAME from tracking.registered_model)"
-    evaluate = commands.add_parser("evaluate", parents=[verbosity],
-                                   help="score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)")
+    evaluate = command("evaluate", "score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)",
+                       ["nmt evaluate --split test", "nmt evaluate --model models:/transformer-nmt/3 --src test.en "
+                        "--ref test.de --device cuda"])
     _add_config_options(evaluate)
     evaluate.add_argument("--model", help=model_help)
     evaluate.add_argument("--src", help="source sentences, one per line")
@@ -64,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
     evaluate.add_argument("--device", default="auto", help=device_help)
 
-    translate = commands.add_parser("translate", parents=[verbosity],
-                                    help="translate sentences with a registered model")
+    translate = command("translate", "translate sentences with a registered model",
+                        ["nmt translate \"the small dog sees a red house .\"",
+                         "nmt translate --input sentences.en > sentences.de", "cat sentences.en | nmt translate"])
     _add_config_options(translate)
     translate.add_argument("text", nargs="*", help="sentences to translate")
     translate.add_argument("--model", help=model_help)
@@ -73,22 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
     translate.add_argument("--device", default="auto", help=device_help)
 
-    promote = commands.add_parser("promote", parents=[verbosity],
-                                  help="move the champion alias to a model version by hand")
+    promote = command("promote", "move the champion alias to a model version by hand",
+                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14"])
     _add_config_options(promote)
     promote.add_argument("version", help="the model version number")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
 
-    serve = commands.add_parser("serve", parents=[verbosity],
-                                help="serve a registered model over HTTP with Ray Serve (Ctrl-C stops)")
+    serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",
+                    ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt/3 --host 0.0.0.0"],
+                    parents=[address])
     _add_config_options(serve)
     serve.add_argument("--model", help="MLflow model URI (default: serve.model_uri, else the champion)")
     serve.add_argument("--port", type=int, help="HTTP port (default: serve.port, 8000)")
     serve.add_argument("--host", help="interface to listen on (default: serve.host, 127.0.0.1; 0.0.0.0 for all)")
-    serve.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
 
-    submit = commands.add_parser(
-        "submit", parents=[verbosity], help="run an nmt command as a Ray Job on a cluster",
+    submit = command(
+        "submit", "run an nmt command as a Ray Job on a cluster",
+        ["nmt submit --address http://HEAD:8265 --follow -- nmt train --config configs/multi30k_en_de.yaml"],
         usage="nmt submit [--address URL] [--follow] [--no-pip] [--forward-env NAMES] -- COMMAND [ARGS ...]",
         description="Submit `nmt COMMAND ARGS` as a Ray Job: the project directory is its working_dir; the MLflow "
                     "tracking URI and storage paths are passed explicitly. Token-authenticated clusters: set "

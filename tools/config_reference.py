@@ -1,4 +1,4 @@
-"""docs/configuration.md, generated from pipeline/config.py (its dataclasses and field comments).
+"""docs/configuration.md, generated from pipeline/config.py (its dataclasses and field comments, via config_keys).
 
     python tools/config_reference.py          # print the markdown tables
     python tools/config_reference.py --write  # replace the block between docs/configuration.md's markers
@@ -8,12 +8,7 @@ tests/test_readme.py checks that docs/configuration.md holds exactly this output
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-import io
 import sys
-import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +16,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.config import Config  # noqa: E402
+from pipeline.config_keys import sections  # noqa: E402
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 
 def reference_markdown() -> str:
-    """Every config key as markdown tables (key | default | meaning), the meaning from its field's comment."""
+    """Every config key as markdown tables (key | default | meaning), section by section."""
     def escape(text: str) -> str:  # a bare | splits a table cell; <word> would be read as an HTML tag
         return text.replace("|", "\\|").replace("<", "\\<")
 
@@ -35,20 +30,10 @@ def reference_markdown() -> str:
         text = yaml.safe_dump(default, default_flow_style=True, sort_keys=False, width=1000)
         return "`" + text.removesuffix("...\n").strip().replace("|", "\\|") + "`"
 
-    defaults, lines = Config(), []
-    for section in dataclasses.fields(Config):
-        values = getattr(defaults, section.name)
-        source = inspect.getsource(type(values))
-        comments = {token.start[0]: token.string.lstrip("#").strip()
-                    for token in tokenize.generate_tokens(io.StringIO(source).readline)
-                    if token.type == tokenize.COMMENT}
-        # A field's comment ends its statement: for a multi-line field(...), the line of the closing ")".
-        meanings = {node.target.id: comments.get(node.end_lineno, "")
-                    for node in ast.parse(source).body[0].body if isinstance(node, ast.AnnAssign)}
-        lines += [f"### `{section.name}`: {inspect.getdoc(type(values))}", "",
-                  "| key | default | meaning |", "|---|---|---|"]
-        lines += [f"| `{section.name}.{f.name}` | {value(getattr(values, f.name))} | {escape(meanings[f.name])} |"
-                  for f in dataclasses.fields(values)]
+    lines = []
+    for section in sections():
+        lines += [f"### `{section.name}`: {section.doc}", "", "| key | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{key.name}` | {value(key.default)} | {escape(key.meaning)} |" for key in section.keys]
         lines.append("")
     return "\n".join(lines)
 

@@ -1,0 +1,61 @@
+"""The `nmt` command line itself: --version, help that explains each subcommand, `nmt config`."""
+
+import shlex
+
+import pytest
+import yaml
+
+from pipeline.cli import HANDLERS, main
+from pipeline.config import load_config
+from pipeline.parser import build_parser
+
+
+def test_version_names_the_installed_package(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == "nmt 0.1.0"
+
+
+@pytest.mark.parametrize("command", sorted(HANDLERS))
+def test_every_subcommand_help_has_a_summary_and_examples_that_parse(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    description = text.split("\n\n")[1]
+    assert description.strip() and not description.startswith(("positional", "options")), text
+    examples = [line.strip() for line in text.split("examples:\n", 1)[1].splitlines() if line.strip()]
+    assert examples and all(example.startswith("nmt ") or "| nmt " in example for example in examples), text
+    for example in examples:
+        (nmt,) = [part for part in example.split(" | ") if part.startswith("nmt ")]  # the shell around it aside
+        words = shlex.split(nmt.split(" > ")[0])
+        args = build_parser().parse_args(words[1:])  # an example that does not parse exits here
+        assert args.command == command
+
+
+def test_config_prints_the_resolved_tree_with_passwords_redacted_and_starts_nothing(capsys):
+    argv = ["--config", "configs/demo.yaml", "--set", "train.epochs=3",
+            "--set", "tracking.tracking_uri=http://trainer:s3cret@127.0.0.1:5000"]
+    assert main(["config", *argv]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# nmt config: defaults < configs/demo.yaml < --set\n") and "s3cret" not in out
+    printed = yaml.safe_load(out)
+    expected = load_config("configs/demo.yaml", argv[3::2]).to_dict()
+    expected["tracking"]["tracking_uri"] = "http://trainer:***@127.0.0.1:5000"
+    assert printed == expected
+
+
+def test_config_with_a_wrong_key_is_one_line_with_a_suggestion(capsys):
+    assert main(["config", "--set", "train.epochz=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("nmt config: error: --set train.epochz=3: unknown key 'train.epochz'; "
+                           "did you mean 'train.epochs'?")
+
+
+def test_config_keys_lists_every_key_once_with_type_default_and_meaning(capsys):
+    assert main(["config", "--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert sorted(listed) == sorted(load_config().flat())
+    warmup = next(line for line in lines if line.startswith("  train.warmup_steps "))
+    assert warmup.startswith("  train.warmup_steps (int, default 4000): ") and len(warmup) > 50
