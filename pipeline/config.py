@@ -130,6 +130,7 @@ class TrackingConfig:
     experiment: str = "transformer-nmt"  # MLflow experiment of every run
     registered_model: str = "transformer-nmt"  # registry name of the packaged models
     register: bool = True  # register the best model; @champion moves only if val_bleu improves
+    system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, disk, network, GPU) every N s; 0: off
 
 
 @dataclass
@@ -206,7 +207,7 @@ POSITIVE = {
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
-    "tune.max_concurrent_trials",
+    "tune.max_concurrent_trials", "tracking.system_metrics_s",
     "serve.batch_wait_timeout_s",
 }
 

@@ -40,6 +40,25 @@ def test_training_logs_pictures_samples_and_a_registered_version(champion):
     assert client.get_model_version_by_alias(champion.model_name, "champion").version == champion.version
 
 
+def test_a_training_run_shows_its_source_system_metrics_and_datasets_in_mlflow(champion):
+    run = MlflowClient(champion.uri).get_run(champion.run_id)
+    tags = run.data.tags
+    assert tags["mlflow.source.name"] == "nmt train" and tags["mlflow.user"] and tags["mlflow.runName"]
+    assert tags.get("mlflow.source.git.commit", "unknown") == tags["git_commit"]
+    # MLflow's own system metrics, logged by Ray Train's controller while the run trained
+    system = {key for key in run.data.metrics if key.startswith("system/")}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system, system
+    assert not {"param_checksum", "averaged"} & set(run.data.metrics)  # the loop's own checks are no charts
+    best = champion.outcome.metrics  # the best checkpoint's report: the averaged one when averaging helped
+    assert tags.get("averaged_checkpoints") == (str(best["averaged"]) if "averaged" in best else None)
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert set(inputs) == {"train", "validation", "test"}
+    manifest = champion.outcome.manifest
+    assert all(d.digest == manifest.sha256 and d.name.endswith(f"/{split}") for split, d in inputs.items())
+    assert json.loads(inputs["train"].source)["uri"] == manifest.split_dir("train")
+    assert json.loads(inputs["train"].profile)["pairs"] == manifest.content["splits"]["train"]["pairs"]
+
+
 def test_packaged_model_translates_in_a_fresh_process_from_its_own_code(champion, tmp_path):
     script = textwrap.dedent(f"""
         import json, sys, mlflow

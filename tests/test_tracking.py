@@ -1,4 +1,5 @@
-"""MetricLogger: progress values carried by a report land at their own steps and times; the last report waits."""
+"""MetricLogger: progress values carried by a report land at their own steps and times; the last report waits.
+Runs carry MLflow's standard tags, and their data as dataset inputs."""
 
 from __future__ import annotations
 
@@ -16,13 +17,35 @@ def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("paced")).info.run_id
     earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
-    tracking.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5,
-                                            tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
+    tracking.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5,
+                                            "averaged": 2, tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
     history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 0.0), (15, -5.0), (20, 5.0)]
     assert [m.timestamp for m in history[:3]] == [1_700_000_005_000, 1_700_000_010_000, 1_700_000_015_000]
     assert [m.step for m in client.get_metric_history(run_id, "val_bleu")] == [20]
-    assert not {"time", "step", tracking.PROGRESS_KEY, tracking.FINAL_KEY} & set(client.get_run(run_id).data.metrics)
+    internal = {"time", "step", "param_checksum", "averaged", tracking.PROGRESS_KEY, tracking.FINAL_KEY}
+    assert not internal & set(client.get_run(run_id).data.metrics)  # no charts of the loop's own checks
+
+
+def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they_are_logged(tmp_path):
+    import getpass
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")
+    again = tracking.start_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")  # a resume
+    assert again == run_id
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.tags["mlflow.source.name"] == "nmt train" and run.data.tags["mlflow.user"] == getpass.getuser()
+    assert run.data.tags["mlflow.runName"] == "run-a" and run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags.get("mlflow.source.git.commit", "unknown") == tracking.git_commit()
+    datasets = [{"name": f"demo-en-de-0123/{split}", "digest": "0123456789abcdef", "source": f"s3://b/p/{split}",
+                 "context": split, "profile": {"pairs": n}} for split, n in (("train", 30), ("validation", 5))]
+    for _ in range(2):  # a resumed run logs them again
+        tracking.log_datasets(uri, run_id, datasets)
+    inputs = MlflowClient(uri).get_run(run_id).inputs.dataset_inputs
+    assert sorted((i.dataset.name, i.tags[0].value, i.dataset.digest, i.dataset.source_type) for i in inputs) == [
+        ("demo-en-de-0123/train", "train", "0123456789abcdef", "s3"),
+        ("demo-en-de-0123/validation", "validation", "0123456789abcdef", "s3")]
 
 
 def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_says_what_was_lost(

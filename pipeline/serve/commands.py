@@ -73,7 +73,8 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
         tags.update({"registered_model": version.name, "model_version": str(version.version),
                      "source_run_id": version.run_id or ""})
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
-    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", {"beam_size": beam_size}, tags)
+    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", {"beam_size": beam_size}, tags,
+                                source="nmt evaluate")
     tracking.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
     with tempfile.TemporaryDirectory() as tmp:
         hyp_file = Path(tmp) / f"{label}.hyp.txt"

@@ -40,6 +40,16 @@ def log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_fi
             paths[-1].write_text(tracking.redact(Path(config_file).read_text(encoding="utf-8")))
         tracking.log_artifacts(uri, run_id, paths)
         tracking.log_artifacts(uri, run_id, sorted(tok_dir.iterdir()), artifact_path="tokenizer")
+    tracking.log_datasets(uri, run_id, dataset_inputs(manifest))
+
+
+def dataset_inputs(manifest: Manifest) -> list[dict[str, Any]]:
+    """The prepared data as MLflow datasets, one per split: the manifest's digest, its path, the split as context."""
+    name = manifest.path.rstrip("/").rsplit("/", 1)[-1]
+    return [{"name": f"{name}/{split}", "digest": manifest.sha256, "source": manifest.split_dir(split),
+             "context": split, "profile": {"pairs": info["pairs"], "src_tokens": info["src_tokens"],
+                                           "tgt_tokens": info["tgt_tokens"]}}
+            for split, info in manifest.content["splits"].items()]
 
 
 def best_checkpoint(result) -> tuple[Any, dict] | None:

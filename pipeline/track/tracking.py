@@ -19,6 +19,8 @@ logger = log.get("mlflow")
 RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating a duplicate
 TRIAL_TAG = "nmt.trial_id"  # a trial's child run, found again from Tune's results
 STEP_KEYS = ("step", "time")  # where a report's values belong, not values themselves
+# Report values for the loop's own checks (replicas in sync, checkpoints averaged): not metrics to chart.
+INTERNAL_KEYS = ("param_checksum", "averaged")
 PROGRESS_KEY = "progress_values"  # a report's earlier progress values (each a dict with step and time)
 # MLflow's variables for a server with logins (and its TLS settings): read by every MLflow client.
 CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
@@ -144,9 +146,29 @@ def git_commit() -> str:
         return "unknown"
 
 
+def standard_tags(source: str) -> dict[str, str]:
+    """MLflow's own tags for who ran what from which commit: the UI's User, Source and Version columns."""
+    import getpass
+
+    from mlflow.utils import mlflow_tags
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (some containers)
+        user = "unknown"
+    tags = {mlflow_tags.MLFLOW_USER: user, mlflow_tags.MLFLOW_SOURCE_NAME: source,
+            mlflow_tags.MLFLOW_SOURCE_TYPE: "LOCAL"}
+    if (commit := git_commit()) != "unknown":
+        tags[mlflow_tags.MLFLOW_GIT_COMMIT] = commit
+    return tags
+
+
 def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
-              parent_run_id: str | None = None) -> str:
-    """The id of the MLflow run for run_name: the existing one when resuming, else a new one."""
+              parent_run_id: str | None = None, source: str = "nmt") -> str:
+    """The id of the MLflow run for run_name: the existing one when resuming, else a new one.
+
+    `source` is the command that made the run (e.g. "nmt train"), shown as the run's Source.
+    """
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -159,7 +181,7 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
         run_id = existing[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return run_id
-    all_tags = {RUN_NAME_TAG: run_name, "mlflow.runName": run_name, **tags}
+    all_tags = {**standard_tags(source), RUN_NAME_TAG: run_name, "mlflow.runName": run_name, **tags}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
@@ -179,7 +201,7 @@ def _metric_entries(report: dict[str, Any]) -> list:
     now = time.time()
     return [mlflow.entities.Metric(k, float(v), int(row.get("time", now) * 1000), int(row.get("step", 0)))
             for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
-            if k not in STEP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
@@ -251,6 +273,21 @@ class MetricLogger:
         return True
 
 
+def log_datasets(uri: str, run_id: str, datasets: list[dict[str, Any]]) -> None:
+    """Record datasets as the run's inputs (the UI's Datasets column); each dict: name, digest, source, context,
+    profile. Logging the same ones again (a resumed run) adds nothing."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+
+    inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36],
+                                   source_type="s3" if d["source"].startswith("s3://") else "local",
+                                   source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
+                           tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
+    MlflowClient(uri).log_inputs(run_id, datasets=inputs)
+
+
 def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:
     """Copy files into the run's artifacts."""
     from mlflow.tracking import MlflowClient
@@ -288,8 +325,12 @@ def use_credentials(values: dict[str, str]) -> None:
     os.environ.update(values)
 
 
-def report_callback(uri: str, run_id: str):
-    """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place)."""
+def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
+    """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place).
+
+    With system_metrics_s > 0 it also runs MLflow's system-metrics monitor (CPU, memory, disk, network,
+    GPU when present) there, from the first report to the last: the figures of the driver's node.
+    """
     from ray.train import UserCallback
 
     login = credentials()  # carried to the controller inside the callback, not through an env var Ray shows
@@ -297,6 +338,17 @@ def report_callback(uri: str, run_id: str):
     class MLflowReportCallback(UserCallback):
         def __init__(self):
             self.logger = MetricLogger(uri, run_id)
+            self.monitor = None
+
+        def _watch_system(self, final: bool) -> None:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            if self.monitor is None and not final and system_metrics_s > 0:
+                self.monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, resume_logging=True,
+                                                    tracking_uri=uri)
+                self.monitor.start()
+            elif self.monitor is not None and final:
+                self.monitor.finish()
 
         def after_report(self, run_context, metrics, checkpoint):
             log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
@@ -307,5 +359,6 @@ def report_callback(uri: str, run_id: str):
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             if metrics:
                 self.logger.log(metrics[0])
+                self._watch_system(final=bool(metrics[0].get(FINAL_KEY)))
 
     return MLflowReportCallback()

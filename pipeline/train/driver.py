@@ -75,10 +75,10 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     """Prepare (or reuse) the data, train on Ray Train, track everything in one MLflow run."""
     setup = prepare_run(cfg, address)
     run_name = cfg.train.run_name or default_run_name(cfg)
-    run_id = start_tracked_run(setup, cfg, run_name, cfg.flat(), {}, config_file)
+    run_id = start_tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file)
     logger.info(f"run {run_name} (MLflow run {run_id}, storage {setup.storage_path}/{run_name})")
     trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,
-                            callbacks=[tracking.report_callback(setup.uri, run_id)])
+                            callbacks=[tracking.report_callback(setup.uri, run_id, cfg.tracking.system_metrics_s)])
     with tracked_fit(setup.uri, run_id):
         result = trainer.fit()
     best = best_checkpoint(result)
@@ -86,7 +86,10 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     registered = None
     if best:
         registered = publish(cfg, setup.uri, run_id, best[0], metrics, setup.manifest, register=cfg.tracking.register)
-    tracking.end_run(setup.uri, run_id, tags={"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}",
-                                              "best_checkpoint": best[0].path if best else ""})
+    tags = {"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}",
+            "best_checkpoint": best[0].path if best else ""}
+    if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
+        tags["averaged_checkpoints"] = str(metrics["averaged"])
+    tracking.end_run(setup.uri, run_id, tags=tags)
     return TrainOutcome(run_name, run_id, metrics, best[0].path if best else None, setup.storage_path,
                         setup.manifest, registered)

@@ -1,7 +1,7 @@
 """What `nmt train` and `nmt tune` share around a fit: the start-up, the tracked MLflow run, Ctrl-C.
 
     setup = prepare_run(cfg, address)              # MLflow answers, Ray is up and big enough, data prepared
-    run_id = start_tracked_run(setup, cfg, name, ...)  # the MLflow run (found again on resume), inputs logged
+    run_id = start_tracked_run(setup, cfg, "nmt train", name, ...)  # the MLflow run (found again on resume)
     with tracked_fit(setup.uri, run_id):           # Ctrl-C -> KILLED, an error -> FAILED
         result = trainer.fit()
 """
@@ -43,13 +43,13 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     return RunSetup(uri, manifest, storage.absolute(cfg.train.storage_path))
 
 
-def start_tracked_run(setup: RunSetup, cfg: Config, name: str, params: dict, tags: dict[str, str],
+def start_tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: dict, tags: dict[str, str],
                       config_file: str | None, extra_files: tuple[str, ...] = ()) -> str:
-    """The MLflow run called `name` (the existing one when resuming), with the run's inputs as artifacts."""
+    """The MLflow run called `name` (the existing one when resuming) of command `source`, inputs logged."""
     manifest = setup.manifest
     tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
             "tokenizer_sha256": manifest.content["tokenizer"]["sha256"], **tags}
-    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags)
+    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source)
     log_inputs(setup.uri, run_id, cfg, manifest, config_file, extra_files)
     return run_id
 

@@ -76,13 +76,14 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     child = tracking.start_run(uri, setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(),
                                {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
                                 **{f"param.{k}": str(v) for k, v in params.items()}},
-                               parent_run_id=setup["parent_run_id"])
+                               parent_run_id=setup["parent_run_id"], source="nmt tune (trial)")
     if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
         tracking.end_run(uri, child, status="KILLED", tags={"rejected": problem})
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
         return
     trainer = build_trainer(cfg, load_manifest(setup["data_path"]), trial_id, setup["train_storage"],
-                            callbacks=[_validation_reports(), tracking.report_callback(uri, child)])
+                            callbacks=[_validation_reports(),
+                                       tracking.report_callback(uri, child, cfg.tracking.system_metrics_s)])
     trainer.fit()
     tracking.end_run(uri, child)
 
@@ -148,7 +149,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                         f"or --set tune.name=NEW for a new one")
     if resume and not exists:
         raise UserError(f"no sweep to resume at {path}; run it once without --resume")
-    parent = start_tracked_run(run, cfg, name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
+    parent = start_tracked_run(run, cfg, "nmt tune", name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
                                config_file, extra_files=(space_path,))
     logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
     setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
