@@ -114,7 +114,7 @@ class TuneConfig:
     num_samples: int = 4  # trials to sample (with grid keys: samples of each grid point)
     max_concurrent_trials: int = 0  # 0: as many as the cluster fits
     scheduler: str = "asha"  # asha | fifo
-    grace_period: int = 100  # ASHA: updates every trial trains before it can be stopped
+    grace_period: int = 0  # ASHA: updates every trial trains before it can be stopped; 0: the space's longest warmup
     reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
     name: str = ""  # the sweep's name (its storage directory and MLflow parent run); "" derives one
     search: str = "random"  # random | grid | optuna
@@ -200,14 +200,14 @@ POSITIVE = {
     "data.character_coverage", "train.num_workers", "train.cpus_per_worker", "train.max_tokens",
     "train.update_freq", "train.epochs", "train.log_every", "train.warmup_steps", "train.lr_scale",
     "train.beam_size",
-    "train.keep_checkpoints", "train.average_last", "tune.num_samples", "tune.grace_period",
+    "train.keep_checkpoints", "train.average_last", "tune.num_samples",
     "tune.reduction_factor", "serve.port", "serve.max_batch_size", "serve.max_ongoing_requests",
     "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
 }
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
-    "tune.max_concurrent_trials", "tracking.system_metrics_s",
+    "tune.max_concurrent_trials", "tune.grace_period", "tracking.system_metrics_s",
     "serve.batch_wait_timeout_s",
 }
 

@@ -52,3 +52,29 @@ def test_an_invalid_sampled_combination_is_a_rejected_trial_not_a_crash(ray_sess
     assert trial["status"] == "REJECTED" and outcome.best is None and outcome.registered is None
     run = MlflowClient(cfg.tracking.tracking_uri).get_run(trial["run_id"])
     assert run.info.status == "KILLED" and "divisible by num_heads" in run.data.tags["rejected"]
+
+
+@pytest.mark.parametrize("space_text, settings, rung, warning", [
+    # the default: the longest warmup any trial of the space can have
+    ("train.warmup_steps: {choice: [1000, 2000, 4000]}\n", [], 4000, None),
+    ("train.warmup_steps: {randint: [100, 500]}\n", [], 499, None),
+    ("model.num_heads: {choice: [2, 4]}\n", ["train.warmup_steps=300"], 300, None),
+    # a grace period set by hand is kept, with a warning when it falls inside a warmup
+    ("train.warmup_steps: {grid: [50, 100]}\n", ["tune.grace_period=120"], 120, None),
+    ("train.warmup_steps: {choice: [1000, 4000]}\n", ["tune.grace_period=1000"], 1000, "still warming up"),
+    # a first rung at or past the end of every trial can stop nothing
+    ("train.warmup_steps: {choice: [200]}\n", ["train.max_steps=200"], 200, "ASHA can stop no trial"),
+])
+def test_asha_never_judges_a_trial_before_the_longest_warmup_unless_told(tmp_path, caplog, space_text, settings,
+                                                                          rung, warning):
+    import logging
+
+    from pipeline.tune.sweep import first_rung
+
+    (tmp_path / "space.yaml").write_text(space_text)
+    cfg = load_config("configs/demo.yaml", settings)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        assert first_rung(cfg, load_space(tmp_path / "space.yaml", cfg)) == rung
+    assert f"ASHA: first rung at update {rung} " in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (warning is None and not warnings) or (len(warnings) == 1 and warning in warnings[0]), warnings

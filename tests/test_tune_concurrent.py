@@ -1,4 +1,5 @@
-"""Two sweeps started at once against one SQLite MLflow store and one data directory: both complete."""
+"""Two sweeps started at once against one SQLite MLflow store and one data directory: both complete.
+One searches with Ray Tune's grid, the other with Optuna (TPE), which then resumes like any sweep."""
 
 import subprocess
 import sys
@@ -12,17 +13,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def test_two_sweeps_on_one_sqlite_store_at_once_both_complete(ray_session, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    procs = {}
-    for name, lr_scale in (("left", 2.0), ("right", 1.5)):
-        (tmp_path / f"{name}.yaml").write_text(f"train.lr_scale: {{grid: [{lr_scale}]}}\n")
+    procs, commands = {}, {}
+    searches = {"left": ("train.lr_scale: {grid: [2.0]}", "grid"),
+                "right": ("train.lr_scale: {choice: [1.5]}", "optuna")}
+    for name, (space, search) in searches.items():
+        (tmp_path / f"{name}.yaml").write_text(space + "\n")
         command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
                    str(tmp_path / f"{name}.yaml"), "--address", ray_session.get_runtime_context().gcs_address]
         # Same store, experiment, registered model and prepared-data directory: every shared write races.
         for item in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
                      f"tracking.tracking_uri={uri}", "tracking.experiment=shared", f"tune.name={name}",
-                     "tune.search=grid", "tune.scheduler=fifo", "train.max_steps=40", "train.val_interval=20",
-                     "train.epochs=100"]:
+                     f"tune.search={search}", "tune.num_samples=1", "tune.scheduler=fifo", "train.max_steps=40",
+                     "train.val_interval=20", "train.epochs=100"]:
             command += ["--set", item]
+        commands[name] = command
         procs[name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        cwd=ROOT)
     logs = {name: proc.communicate(timeout=720)[0] for name, proc in procs.items()}
@@ -44,3 +48,11 @@ def test_two_sweeps_on_one_sqlite_store_at_once_both_complete(ray_session, tmp_p
     versions = client.search_model_versions(f"name = '{model_name}'")
     assert len(versions) == 2  # each sweep registered its best trial
     assert client.get_model_version_by_alias(model_name, "champion").version in {v.version for v in versions}
+    assert {t.data.params["tune.search"] for t in trials} == {"grid", "optuna"}
+
+    # The Optuna sweep resumes like the others: its finished trial is reported again, nothing reruns.
+    again = subprocess.run([*commands["right"], "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "*best*" in again.stdout and "OK" in again.stdout, again.stdout
+    assert len(client.search_runs([experiment.experiment_id])) == len(runs)
+    assert len(client.search_model_versions(f"name = '{model_name}'")) == 2

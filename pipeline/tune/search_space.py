@@ -39,6 +39,16 @@ def load_space(path: str | Path, base: Config) -> dict[str, tuple[str, list]]:
     return space
 
 
+def largest(space: dict[str, tuple[str, list]], key: str, default: Any) -> Any:
+    """The largest value `key` can take in the space; default when the space leaves it alone."""
+    if key not in space:
+        return default
+    name, args = space[key]
+    if name in ("choice", "grid"):
+        return max(args)
+    return args[1] - 1 if name == "randint" else args[1]  # randint's high is exclusive, the others' inclusive
+
+
 def _distribution(key: str, spec: Any, where: str) -> tuple[str, list]:
     if not isinstance(spec, dict) or len(spec) != 1:
         raise ConfigError(f"{where}: {key} needs exactly one distribution, e.g. '{key}: {{choice: [1, 2]}}'; "

@@ -22,7 +22,7 @@ from ..track import tracking
 from ..track.publish import publish
 from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
-from .search_space import apply, grid_size, load_space, to_tune
+from .search_space import apply, grid_size, largest, load_space, to_tune
 from .summary import SweepOutcome, best_trial, log_summary, summarize
 
 logger = log.get("tune")
@@ -97,7 +97,27 @@ def _check_state_api(cfg: Config) -> None:
                        "and stall the sweep. Start Ray with its dashboard (the default of `ray start` and ray.init).")
 
 
-def _scheduler(cfg: Config):
+def first_rung(cfg: Config, space: dict) -> int:
+    """ASHA's grace period in updates: tune.grace_period, else the longest warmup a trial of the space can have.
+
+    A trial still warming up has a low learning rate and looks worse than it is: judged there, the
+    long-warmup configs that often win lose first.
+    """
+    warmup = int(largest(space, "train.warmup_steps", cfg.train.warmup_steps))
+    rung = cfg.tune.grace_period or warmup
+    origin = "tune.grace_period" if cfg.tune.grace_period else "the longest warmup in the space"
+    logger.info(f"ASHA: first rung at update {rung} ({origin}), judged at the first validation from then on; "
+                f"each later rung {cfg.tune.reduction_factor}x further")
+    if rung < warmup:
+        logger.warning(f"tune.grace_period {rung} is shorter than the longest warmup ({warmup} updates): ASHA may "
+                       "stop trials that are still warming up; leave tune.grace_period at 0 to start after it")
+    if cfg.train.max_steps and rung >= cfg.train.max_steps:
+        logger.warning(f"ASHA can stop no trial: its first rung (update {rung}) is not before train.max_steps "
+                       f"({cfg.train.max_steps}); train longer, or use tune.scheduler=fifo")
+    return rung
+
+
+def _scheduler(cfg: Config, space: dict):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     if cfg.tune.scheduler == "fifo":
@@ -106,7 +126,7 @@ def _scheduler(cfg: Config):
     # beyond the last update, so a trial that reaches it ends on its own (checkpoint averaging,
     # a clean Train shutdown) instead of being stopped by ASHA at its final report.
     return ASHAScheduler(time_attr="step", max_t=(cfg.train.max_steps or 10**9) + 1,
-                         grace_period=cfg.tune.grace_period, reduction_factor=cfg.tune.reduction_factor)
+                         grace_period=first_rung(cfg, space), reduction_factor=cfg.tune.reduction_factor)
 
 
 def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:
@@ -120,7 +140,8 @@ def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:
         try:
             from ray.tune.search.optuna import OptunaSearch
         except ImportError:
-            raise UserError("tune.search=optuna needs Optuna: pip install optuna") from None
+            raise UserError("tune.search=optuna needs Optuna: pip install optuna (or the project's .[optuna] extra)") \
+                from None
         if grid_size(space) > 1:
             raise UserError("tune.search=optuna cannot sample grid keys; use choice instead of grid")
         return OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode), param_space, samples
@@ -166,7 +187,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
         tuner = tune.Tuner(
             trainable, param_space=param_space,
             tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
-                                        scheduler=_scheduler(cfg), search_alg=search_alg,
+                                        scheduler=_scheduler(cfg, space), search_alg=search_alg,
                                         max_concurrent_trials=max_concurrent(cfg)),
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
         )
