@@ -188,8 +188,10 @@ def environment(**values: str | None):
         _set_environment(saved)
 
 
-def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None):
-    """A real `mlflow server` on 127.0.0.1 with an SQLite store and a local artifact root; yields (uri, process)."""
+def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None,
+                         artifacts: str | None = None):
+    """A real `mlflow server` on 127.0.0.1 with an SQLite store; artifacts under root unless given; yields
+    (uri, process)."""
     import subprocess
     import sys
 
@@ -197,7 +199,8 @@ def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | 
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", artifacts or str(root / "artifacts"),
          *extra],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
         # The server's background job runner (for GenAI features) only costs start-up time here.
@@ -212,13 +215,18 @@ def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | 
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` without logins, stopped afterwards."""
+def mlflow_server(tmp_path_factory, s3_bucket):
+    """A real `mlflow server` without logins whose artifacts go to the session's S3 server, stopped afterwards.
+
+    Clients upload through the server (proxied artifacts), as on a cluster whose nodes have no
+    bucket credentials; only the server writes to the bucket.
+    """
     import types
 
     root = tmp_path_factory.mktemp("mlflow-server")
-    for uri, process in _start_mlflow_server(root):
-        yield types.SimpleNamespace(uri=uri, root=root, process=process)
+    artifacts = f"{s3_bucket}/mlflow-artifacts"
+    for uri, process in _start_mlflow_server(root, artifacts=artifacts, env={"MLFLOW_S3_ENDPOINT_URL": S3_ENDPOINT}):
+        yield types.SimpleNamespace(uri=uri, root=root, process=process, artifacts=artifacts)
 
 
 @pytest.fixture(scope="session")
@@ -265,4 +273,4 @@ def champion(ray_session, mlflow_server, tmp_path_factory):
         experiment_id=client.get_experiment_by_name(cfg.tracking.experiment).experiment_id,
         run_id=outcome.run_id, run_name=outcome.run_name, model_name=cfg.tracking.registered_model,
         version=outcome.registered.version, val_bleu=outcome.metrics["val_bleu"], outcome=outcome, cfg=cfg,
-        workdir=workdir)
+        workdir=workdir, artifacts=mlflow_server.artifacts)

@@ -33,6 +33,14 @@ def test_training_logs_pictures_samples_and_a_registered_version(champion):
     attention = {a.path for a in client.list_artifacts(champion.run_id, "attention")}
     assert {"attention/sentence1_encoder_self.png", "attention/sentence1_decoder_self.png",
             "attention/sentence1_cross.png"} <= attention
+    # They are objects in the server's bucket (--artifacts-destination s3://...), the packaged model too.
+    import boto3
+
+    bucket, prefix = champion.artifacts.removeprefix("s3://").split("/", 1)
+    keys = [o["Key"] for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix) for o in page.get("Contents", [])]
+    assert any(k.endswith(f"/{champion.run_id}/artifacts/learning_curves.png") for k in keys), keys[:20]
+    assert any(k.endswith("/MLmodel") for k in keys) and any(k.endswith(".safetensors") for k in keys), keys
     version = client.get_model_version(champion.model_name, champion.version)
     assert version.run_id == champion.run_id
     assert float(version.tags["val_bleu"]) == pytest.approx(champion.val_bleu, abs=1e-3)
