@@ -108,7 +108,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     texts = list(args.text)
     if args.input:
         texts += read_lines(Path(args.input))
-    if not texts and not sys.stdin.isatty():
+    from_stdin = not texts and not sys.stdin.isatty()
+    if from_stdin:
         texts = [line.rstrip("\n") for line in sys.stdin]
     if not texts:
         raise UserError("nothing to translate: give sentences as arguments, --input FILE, or lines on stdin")
@@ -116,7 +117,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     uri = tracking.connect(cfg.tracking.tracking_uri)
     model = registry.load(uri, _model_uri(args, cfg), device=device)
-    for line in translate(model, texts, args.beam, progress=bool(args.input)):
+    for line in translate(model, texts, args.beam, progress=bool(args.input) or from_stdin):  # on stderr
         print(line)
     return 0
 

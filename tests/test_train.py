@@ -42,8 +42,8 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
     again = train(cfg)
     assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
     assert again.registered is None
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
-    assert len(client.search_runs([experiment.experiment_id])) == 1
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)  # evaluation runs of other tests aside
+    assert len(client.search_runs([experiment.experiment_id], f"tags.`nmt.run_name` = '{outcome.run_name}'")) == 1
     assert len(client.search_model_versions(f"run_id = '{outcome.run_id}'")) == 1
 
 
