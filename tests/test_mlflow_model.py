@@ -171,7 +171,7 @@ def test_evaluate_refuses_files_that_do_not_pair(champion, tmp_path, capsys):
     assert code == 2 and "src.txt has 3 lines but" in err and "ref.txt has 2" in err and "Traceback" not in err
 
 
-def test_translate_prints_one_line_per_sentence(champion, tmp_path, capsys):
+def test_translate_prints_one_line_per_sentence(champion, tmp_path, capsys, monkeypatch):
     settings = ["--set", f"tracking.tracking_uri={champion.uri}"]
     assert main(["translate", *EXAMPLES, "--beam", "1", *settings]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
@@ -179,6 +179,13 @@ def test_translate_prints_one_line_per_sentence(champion, tmp_path, capsys):
     assert main(["translate", "--input", str(tmp_path / "in.txt"), *settings]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 6 and "6/6 sentences" in captured.err
+    # Lines on stdin, as in `cat in.txt | nmt translate`: the same, with progress on stderr.
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(EXAMPLES * 2) + "\n"))
+    assert main(["translate", "--beam", "1", *settings]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 4 and "4/4 sentences" in captured.err
 
 
 def test_a_model_uri_that_does_not_exist_is_a_clear_error(champion, capsys):

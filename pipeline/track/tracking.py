@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -344,6 +345,8 @@ def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             if self.monitor is None and not final and system_metrics_s > 0:
+                # Its start and stop INFO lines would reach the driver's terminal from this actor.
+                logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
                 self.monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, resume_logging=True,
                                                     tracking_uri=uri)
                 self.monitor.start()
