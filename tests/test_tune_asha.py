@@ -80,3 +80,6 @@ def test_a_sweep_logs_and_registers_with_credentials_from_the_environment(asha_s
     # Trials and Ray Train's controllers are actors of a Ray instance started without the login: they logged too.
     trials = [r for r in runs if r.info.run_id != outcome.parent_run_id]
     assert all({"train_loss", "val_bleu"} <= set(r.data.metrics) for r in trials)
+    # Each trial shows its source and the data it trained on, as its parent does.
+    assert {r.data.tags["mlflow.source.name"] for r in trials} == {"nmt tune (trial)"}
+    assert all({i.tags[0].value for i in r.inputs.dataset_inputs} == {"train", "validation", "test"} for r in runs)

@@ -19,7 +19,7 @@ from ..common import log
 from ..common.errors import UserError
 from ..config import Config, config_from_dict
 from ..track import tracking
-from ..track.publish import publish
+from ..track.publish import dataset_inputs, publish
 from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
 from .search_space import apply, grid_size, largest, load_space, to_tune
@@ -81,7 +81,9 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
         tracking.end_run(uri, child, status="KILLED", tags={"rejected": problem})
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
         return
-    trainer = build_trainer(cfg, load_manifest(setup["data_path"]), trial_id, setup["train_storage"],
+    manifest = load_manifest(setup["data_path"])
+    tracking.log_datasets(uri, child, dataset_inputs(manifest))  # what the compare view lists per trial
+    trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
                             callbacks=[_validation_reports(),
                                        tracking.report_callback(uri, child, cfg.tracking.system_metrics_s)])
     trainer.fit()
