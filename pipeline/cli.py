@@ -64,13 +64,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from .track.tracking import redact
 
     if args.keys:
-        from .config_keys import sections
+        from .config_keys import sections, yaml_value
 
         for section in sections():
             print(f"{section.name}: {section.doc}")
             for key in section.keys:
-                default = yaml.safe_dump(key.default, default_flow_style=True, width=1000).removesuffix("...\n").strip()
-                print(f"  {key.name} ({key.type}, default {default}): {key.meaning}")
+                print(f"  {key.name} ({key.type}, default {yaml_value(key.default)}): {key.meaning}")
         return 0
     cfg = _load(args)
     sources = " < ".join(["defaults", *([args.config] if args.config else []), *(["--set"] if args.overrides else [])])

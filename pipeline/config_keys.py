@@ -14,6 +14,8 @@ import tokenize
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from .config import Config
 
 
@@ -34,6 +36,11 @@ class Section:
     name: str
     doc: str
     keys: list[Key]
+
+
+def yaml_value(value: Any) -> str:
+    """A default as one line of YAML, as it would be written after --set."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1000).removesuffix("...\n").strip()
 
 
 def _field_comments(cls: type) -> dict[str, str]:

@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.config_keys import sections  # noqa: E402
+from pipeline.config_keys import sections, yaml_value  # noqa: E402
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -27,8 +25,7 @@ def reference_markdown() -> str:
         return text.replace("|", "\\|").replace("<", "\\<")
 
     def value(default: Any) -> str:
-        text = yaml.safe_dump(default, default_flow_style=True, sort_keys=False, width=1000)
-        return "`" + text.removesuffix("...\n").strip().replace("|", "\\|") + "`"
+        return "`" + yaml_value(default).replace("|", "\\|") + "`"
 
     lines = []
     for section in sections():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -137,6 +138,7 @@ def _create_sqlite_store(uri: str) -> None:
         client.search_registered_models(max_results=1)  # and the registry's
 
 
+@functools.cache  # the checkout does not change under a running process; a run start asks twice
 def git_commit() -> str:
     """The project's git commit, or "unknown" outside a checkout."""
     try:
