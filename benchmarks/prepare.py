@@ -39,16 +39,9 @@ import pyarrow.parquet as pq
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
-from pipeline.data.corpus import read_corpus  # noqa: E402
-from pipeline.data.encode import (  # noqa: E402
-    ENCODE_PAIRS,
-    EncodeBatch,
-    encode_block,
-    encode_settings,
-    labeled_splits,
-    numpy_batches,
-)
-from pipeline.data.prepare import blocks, prepare_splits, split_entries, tokenizer_sample  # noqa: E402
+from pipeline.data.encode import ENCODE_PAIRS, EncodeBatch, encode_block, encode_settings, numpy_batches  # noqa: E402
+from pipeline.data.prepare import prepare_splits, split_entries  # noqa: E402
+from pipeline.data.sources import TableSource, labeled, plan_blocks, read_corpus, tokenizer_sample  # noqa: E402
 from pipeline.text.tokenizer import train_tokenizer  # noqa: E402
 
 TARGET_SPEEDUP, TARGET_ENCODE_PER_CORE = 1.5, 50_000
@@ -66,14 +59,17 @@ def repeated(tables: dict[str, pa.Table], times: int) -> dict[str, pa.Table]:
 
 def single_process(tables: dict[str, pa.Table], settings: dict, out: str) -> dict[str, int]:
     """The Ray tasks' work in a loop on the driver: the same blocks through encode_block; pairs kept per split."""
-    counts = [encode_block(block, settings, out) for block in blocks(tables, None, os.cpu_count() or 1)]
-    entries = split_entries(tables, pa.concat_tables(counts))  # the manifest's statistics
+    source = TableSource(tables)
+    counts = [encode_block(block, settings, out)
+              for block in source.blocks(plan_blocks(source.counts, None, os.cpu_count() or 1))]
+    entries = split_entries(source.counts, pa.concat_tables(counts))  # the manifest's statistics
     return {split: entry["pairs"] for split, entry in entries.items()}
 
 
 def encode_only(tables: dict[str, pa.Table], encoder: EncodeBatch) -> dict:
     """EncodeBatch.__call__ alone on ready-made batches: wall and CPU seconds, rows per CPU-second."""
-    batches = list(numpy_batches(pa.concat_tables(labeled_splits(tables)), ENCODE_PAIRS))
+    batches = list(numpy_batches(pa.concat_tables([labeled(t, split, 0) for split, t in tables.items()]),
+                                 ENCODE_PAIRS))
     rows = sum(len(b["src"]) for b in batches)
     wall, cpu = time.perf_counter(), time.process_time()  # process_time counts SentencePiece's threads too
     for batch in batches:
@@ -131,7 +127,7 @@ def main(argv=None):
     tables = read_corpus(cfg)
     load_before = os.getloadavg()[0]  # other work on the machine skews both paths, Ray's more
     start = time.perf_counter()
-    tokenizer = train_tokenizer(*tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+    tokenizer = train_tokenizer(*tokenizer_sample(TableSource(tables), cfg.tokenizer_sample, cfg.seed),
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
                                 joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     tokenizer_s = time.perf_counter() - start
@@ -161,7 +157,7 @@ def main(argv=None):
         local[times], distributed[times] = [], []
         for _ in range(args.runs):  # alternate, so that other load on the machine hits both paths alike
             local[times].append(timed(single_process, (data, settings), tables))
-            distributed[times].append(timed(prepare_splits, (data, tokenizer, cfg), tables))
+            distributed[times].append(timed(prepare_splits, (TableSource(data), tokenizer, cfg), tables))
     ray.shutdown()
 
     results = {}

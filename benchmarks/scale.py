@@ -55,7 +55,7 @@ def _ray_worker_rss() -> int:
     return total
 
 
-def _run_measured(command: list[str]) -> dict:
+def run_measured(command: list[str], cwd: Path = REPO_ROOT) -> dict:
     """Run a command; its wall time, its own peak RSS and the peak of Ray workers' RSS summed meanwhile."""
     peak, done = [0], threading.Event()
 
@@ -65,7 +65,7 @@ def _run_measured(command: list[str]) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sampler.start()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
@@ -82,7 +82,7 @@ def prepare(pairs: int, output_dir: str) -> tuple[dict, str]:
     command = [sys.executable, "-m", "pipeline", "prepare", "--config", "configs/demo.yaml", "-q",
                "--set", f"data.demo_sizes={{train: {pairs}, validation: 1000, test: 1000}}",
                "--set", f"data.output_dir={output_dir}"]
-    figures = _run_measured(command)
+    figures = run_measured(command)
     figures["pairs_per_s"] = round(pairs / figures["seconds"])
     (manifest,) = glob.glob(os.path.join(output_dir, "*", "manifest.json"))
     return figures, os.path.dirname(manifest)

@@ -100,7 +100,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .common.devices import resolve_device
-    from .data.corpus import read_lines
+    from .data.textfiles import read_lines
     from .serve.commands import translate
     from .track import registry, tracking
 

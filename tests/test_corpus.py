@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data.corpus import CorpusError, read_corpus, read_lines, source_fingerprint
+from pipeline.data.corpus import CorpusError, source_fingerprint
+from pipeline.data.sources import read_corpus
+from pipeline.data.textfiles import LineFormat, index_file, read_lines, read_lines_at, run_here
 
 
 def files_config(tmp_path, **overrides):
@@ -158,3 +160,31 @@ def test_a_missing_value_in_a_saved_dataset_names_its_row(tmp_path):
     cfg = DataConfig(source="hf", path=str(tmp_path / "hf"), splits={"train": "train", "validation": "validation"})
     with pytest.raises(CorpusError, match=r"column 'en' has 1 missing values \(the first in row 1\)"):
         read_corpus(cfg)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("stride", [1, 3, 50])
+def test_any_run_of_lines_read_through_the_sparse_index_equals_the_whole_file_split(tmp_path, chunk_bytes, stride):
+    lines = ["", "zwei\u2028x", "drei\r", "v\u00efer \x85", "", "f\u00fcnf " * 9, "6", "7\t7", "8"]
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines * 3).encode())  # BOM, CRLF, no final newline
+    index = index_file(path, LineFormat("text"), run_here, chunk_bytes=chunk_bytes, stride=stride)
+    assert index.lines == 27
+    whole = lines * 3  # each CRLF loses its CR; a CR that belongs to a line stays
+    for first in range(28):
+        for count in range(28 - first):
+            assert read_lines_at(index, first, count, "error") == whole[first:first + count], (first, count)
+
+
+@pytest.mark.parametrize("fmt, bad, expected", [
+    ("text", b"bad \xff\n", r"f:38: invalid UTF-8 \(invalid start byte at byte \d+\)"),
+    ("text", b"nul\x00\n", r"f:38: NUL byte"),
+    ("tsv", b"one column\n", r"f:38: expected 2 tab-separated columns"),
+    ("jsonl", b'{"en": "a"}\n', r"f:38: field 'de' is missing"),
+])
+def test_a_problem_deep_in_a_file_scanned_in_many_ranges_names_its_global_line(tmp_path, fmt, bad, expected):
+    good = {"text": b"a b c\n", "tsv": b"a\tb\n", "jsonl": b'{"en": "a", "de": "b"}\n'}[fmt]
+    path = tmp_path / "f"
+    path.write_bytes(good * 37 + bad + good * 20)
+    with pytest.raises(CorpusError, match=expected):
+        index_file(path, LineFormat(fmt, "en", "de"), run_here, chunk_bytes=16, stride=2)

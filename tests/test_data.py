@@ -10,12 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 from pipeline.config import DataConfig, load_config
 from pipeline.data.corpus import CorpusError
-from pipeline.data.encode import EncodeBatch, encode_table, labeled_splits, length_counts, normalize
+from pipeline.data.encode import EncodeBatch, encode_table, length_counts, normalize
 from pipeline.data.manifest import load_manifest
-from pipeline.data.prepare import BLOCK_PAIRS, blocks, prepare, split_entries
+from pipeline.data.prepare import prepare, split_entries
+from pipeline.data.sources import BLOCK_PAIRS, LineFileSource, TableSource, labeled, plan_blocks, ray_here
 from pipeline.text.tokenizer import train_tokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -121,17 +123,37 @@ def _pairs(n: int) -> pa.Table:
 
 
 def test_blocks_run_over_all_splits_in_whole_waves_and_hold_every_pair_once():
-    tables = {"train": _pairs(2 * BLOCK_PAIRS + 5), "validation": _pairs(1014), "test": _pairs(1000)}
-    parts = blocks(tables, None, num_cpus=2)
-    assert len(parts) == 4 and max(b.num_rows for b in parts) <= BLOCK_PAIRS
-    assert max(b.num_rows for b in parts) - min(b.num_rows for b in parts) <= 3  # equal tasks
-    labels = pa.concat_tables(parts).select(["split", "row"]).to_pydict()
-    expected = [(split, row) for split, t in tables.items() for row in range(t.num_rows)]
-    assert list(zip(labels["split"], labels["row"])) == expected
-    assert {"validation", "test"} <= set(parts[-1]["split"].to_pylist())  # the small splits share a task
-    per_split = blocks(tables, 3, num_cpus=2)  # num_shards: each split sliced on its own
-    assert [b["split"][0].as_py() for b in per_split] == ["train"] * 3 + ["validation"] * 3 + ["test"] * 3
-    assert all(len(set(b["split"].to_pylist())) == 1 for b in per_split)
+    counts = {"train": 2 * BLOCK_PAIRS + 5, "validation": 1014, "test": 1000}
+    plan = plan_blocks(counts, None, num_cpus=2)
+    sizes = [sum(rows for _, _, rows in block) for block in plan]
+    assert len(plan) == 4 and max(sizes) <= BLOCK_PAIRS and max(sizes) - min(sizes) <= 3  # equal tasks
+    labels = [(split, row) for block in plan for split, first, rows in block for row in range(first, first + rows)]
+    assert labels == [(split, row) for split, n in counts.items() for row in range(n)]
+    assert {"validation", "test"} <= {split for split, _, _ in plan[-1]}  # the small splits share a task
+    per_split = plan_blocks(counts, 3, num_cpus=2)  # num_shards: each split cut on its own
+    assert [[split for split, _, _ in block] for block in per_split] == \
+        [["train"]] * 3 + [["validation"]] * 3 + [["test"]] * 3
+
+
+def test_line_files_read_on_ray_by_line_ranges_give_the_pairs_read_in_one_piece(ray_session, tmp_path):
+    # Tiny scan ranges and a sparse index every 7 lines: blocks start and end inside ranges.
+    lines = [f"satz {i} \u00e4\u2028x" if i % 5 else f"satz {i}" for i in range(500)]
+    (tmp_path / "train.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "train.de").write_bytes("\r\n".join(line.upper() for line in lines).encode())  # CRLF, no last \n
+    for lang in ("en", "de"):
+        (tmp_path / f"val.{lang}").write_text("a\nb\n", encoding="utf-8")
+    cfg = DataConfig(source="files", path=str(tmp_path), splits={"train": "train", "validation": "val"})
+    source = LineFileSource(cfg, *ray_here(), chunk_bytes=100, stride=7)
+    assert source.counts == {"train": 500, "validation": 2}
+    plan = [[("train", 0, 13)], [("train", 13, 300), ("validation", 0, 2)], [("train", 313, 187)]]
+    rows = pa.concat_tables(ray.get(source.dataset(plan).to_arrow_refs()))
+    whole = pa.concat_tables([labeled(pa.table({"src": lines, "tgt": [line.upper() for line in lines]}), "train", 0),
+                              labeled(pa.table({"src": ["a", "b"], "tgt": ["a", "b"]}), "validation", 0)])
+    assert rows.sort_by([("split", "ascending"), ("row", "ascending")]).equals(whole.select(rows.column_names))
+    sample = source.sample([0, 6, 7, 250, 499])
+    assert sample.column("src").to_pylist() == [lines[i] for i in (0, 6, 7, 250, 499)]
+    table = TableSource({"train": whole.slice(0, 500).select(["src", "tgt"])})
+    assert table.sample([0, 6, 7, 250, 499]).equals(sample)
 
 
 def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
@@ -143,9 +165,9 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
     })
     counts = pa.concat_tables([length_counts(encoded.slice(0, 2000)), length_counts(encoded.slice(2000))])
     assert counts.num_rows < n  # counted, not one row per pair
-    tables = {split: _pairs(int((encoded["split"].to_numpy(zero_copy_only=False) == split).sum()))
-              for split in ("train", "validation")}
-    entries = split_entries(tables, counts)
+    read = {split: int((encoded["split"].to_numpy(zero_copy_only=False) == split).sum())
+            for split in ("train", "validation")}
+    entries = split_entries(read, counts)
     for split, entry in entries.items():
         mine = encoded.filter(pc.equal(encoded["split"], split))
         drops = mine["drop"].to_numpy(zero_copy_only=False)
@@ -159,7 +181,7 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
 def test_a_block_is_encoded_in_slices_and_an_empty_block_counts_nothing():
     tok = train_tokenizer(["ein kleiner satz"] * 20, ["a small sentence"] * 20, vocab_size=40, model_type="bpe")
     encoder = EncodeBatch(tok.src_proto, tok.tgt_proto, max_len=100, max_ratio=3.0, filter_split="train")
-    block = pa.concat_tables(labeled_splits({"train": _pairs(10_000), "validation": _pairs(3)}))
+    block = pa.concat_tables([labeled(_pairs(10_000), "train", 0), labeled(_pairs(3), "validation", 0)])
     encoded = encode_table(block, encoder)  # 4096 pairs per call
     assert encoded["row"].to_pylist() == block["row"].to_pylist()
     assert encoded["src_ids"].to_pylist() == [tok.src.encode("ein satz")] * 10_003

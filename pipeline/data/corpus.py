@@ -1,17 +1,15 @@
-"""Corpus sources (demo, local files, Hugging Face datasets) read strictly into (src, tgt) tables.
+"""Corpus sources checked strictly: the table sources (demo, Parquet, Hugging Face) and what all sources share.
 
-Lines are split on "\\n" only: CRLF endings, a byte-order mark, U+2028 or U+0085 inside a
-line never shift the pairing of two parallel files. Every problem is a CorpusError that
-names the file and line.
+Line files (text, TSV, JSONL) are read in Ray tasks by textfiles. Lines are split on "\\n" only:
+CRLF endings, a byte-order mark, U+2028 or U+0085 inside a line never shift the pairing of two
+parallel files. Every problem is a CorpusError that names the file and line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,99 +18,14 @@ from ..common.errors import UserError
 from ..config import DataConfig
 
 SPLITS = ("train", "validation", "test")
-BOM = b"\xef\xbb\xbf"
 
 
 class CorpusError(UserError):
     """A corpus file that cannot be read as a parallel corpus; the message names file and line."""
 
 
-def read_lines(path: Path, on_bad_utf8: str = "error") -> list[str]:
-    """The lines of a UTF-8 text file, split on \\n only; CR before \\n and a leading BOM removed."""
-    if not path.is_file():
-        siblings = sorted(p.name for p in path.parent.glob("*"))[:12] if path.parent.is_dir() else []
-        hint = f"; files there: {', '.join(siblings)}" if siblings else ""
-        raise CorpusError(f"{path}: file not found{hint}")
-    data = path.read_bytes()
-    if data.startswith(BOM):
-        data = data[len(BOM):]
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        line = data.count(b"\n", 0, nul) + 1
-        raise CorpusError(f"{path}:{line}: NUL byte in a text file; is it binary or UTF-16? Convert it to UTF-8")
-    try:
-        text = data.decode("utf-8", errors="strict" if on_bad_utf8 == "error" else "replace")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise CorpusError(
-            f"{path}:{line}: invalid UTF-8 ({err.reason} at byte {err.start}); fix the file or set "
-            f"data.on_bad_utf8=replace to replace bad bytes with U+FFFD"
-        ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
 def _table(src: list[str], tgt: list[str]) -> pa.Table:
     return pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())})
-
-
-def _field(record: Any, dotted: str) -> Any:
-    """record["a"]["b"] for "a.b"; KeyError when a level is missing."""
-    for part in dotted.split("."):
-        record = record[part]
-    return record
-
-
-def _read_text_pair(cfg: DataConfig, stem: str) -> pa.Table:
-    root = Path(cfg.path)
-    src_path, tgt_path = root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"
-    src, tgt = read_lines(src_path, cfg.on_bad_utf8), read_lines(tgt_path, cfg.on_bad_utf8)
-    if len(src) != len(tgt):
-        raise CorpusError(
-            f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has "
-            f"{len(tgt)}; they must pair line by line (nothing was truncated)"
-        )
-    return _table(src, tgt)
-
-
-def _read_tsv(cfg: DataConfig, stem: str) -> pa.Table:
-    path = Path(cfg.path) / f"{stem}.tsv"
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path, cfg.on_bad_utf8), start=1):
-        columns = line.split("\t")
-        if len(columns) != 2:
-            raise CorpusError(
-                f"{path}:{number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
-            )
-        src.append(columns[0])
-        tgt.append(columns[1])
-    return _table(src, tgt)
-
-
-def _read_jsonl(cfg: DataConfig, stem: str) -> pa.Table:
-    path = Path(cfg.path) / f"{stem}.jsonl"
-    src_key, tgt_key = cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path, cfg.on_bad_utf8), start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}:{number}: invalid JSON ({err.msg} at column {err.colno})") from None
-        src.append(_string_field(record, src_key, f"{path}:{number}"))
-        tgt.append(_string_field(record, tgt_key, f"{path}:{number}"))
-    return _table(src, tgt)
-
-
-def _string_field(record: Any, key: str, where: str) -> str:
-    try:
-        value = _field(record, key)
-    except (KeyError, TypeError, IndexError):
-        raise CorpusError(f"{where}: field {key!r} is missing; set data.src_field / data.tgt_field") from None
-    if not isinstance(value, str):
-        raise CorpusError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
-    return value
 
 
 def _pick_columns(table: pa.Table, cfg: DataConfig, where: str) -> pa.Table:
@@ -166,11 +79,6 @@ def _read_hf(cfg: DataConfig, split_name: str) -> pa.Table:
     return _pick_columns(dataset.data.table, cfg, f"{cfg.path or cfg.hf_name}[{split_name}]")
 
 
-_FILE_READERS: dict[str, Callable[[DataConfig, str], pa.Table]] = {
-    "text": _read_text_pair, "tsv": _read_tsv, "jsonl": _read_jsonl, "parquet": _read_parquet,
-}
-
-
 def check_source(cfg: DataConfig) -> None:
     """Fail early, before Ray starts, on a config that names no usable source."""
     unknown = sorted(set(cfg.splits) - set(SPLITS))
@@ -187,14 +95,8 @@ def check_source(cfg: DataConfig) -> None:
         raise CorpusError("data.source=hf needs data.hf_name (a hub dataset) or data.path (a saved one)")
 
 
-def read_corpus(cfg: DataConfig) -> dict[str, pa.Table]:
-    """Every configured split as a table of raw (src, tgt) strings, after check_source."""
-    check_source(cfg)
-    return read_splits(cfg)
-
-
-def read_splits(cfg: DataConfig) -> dict[str, pa.Table]:
-    """Every configured split of a source that check_source has accepted."""
+def read_tables(cfg: DataConfig) -> dict[str, pa.Table]:
+    """Every configured split of a table source (demo, parquet, hf) that check_source has accepted."""
     if cfg.source == "demo":
         from .demo_corpus import demo_corpus
 
@@ -204,8 +106,7 @@ def read_splits(cfg: DataConfig) -> dict[str, pa.Table]:
                 for split in cfg.splits}
     if cfg.source == "hf":
         return {split: _read_hf(cfg, name) for split, name in cfg.splits.items()}
-    reader = _FILE_READERS[cfg.format]
-    return {split: reader(cfg, stem) for split, stem in cfg.splits.items()}
+    return {split: _read_parquet(cfg, stem) for split, stem in cfg.splits.items()}
 
 
 def source_fingerprint(cfg: DataConfig) -> str:

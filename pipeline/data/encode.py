@@ -127,12 +127,3 @@ def encode_settings(tokenizer: Tokenizer, cfg: DataConfig) -> dict:
     """EncodeBatch's arguments for this tokenizer and config (what encode_block's tasks get)."""
     return dict(src_proto=tokenizer.src_proto, tgt_proto=tokenizer.tgt_proto, max_len=cfg.max_len,
                 max_ratio=cfg.max_len_ratio, filter_split="train")
-
-
-def labeled_splits(tables: dict[str, pa.Table]) -> list[pa.Table]:
-    """Each split with "split" (its name) and "row" (the pair's line in it) columns added."""
-    # "row" lets readers sort, so the order of the data (and so training) does not depend on
-    # how Ray Data scheduled the blocks.
-    return [t.append_column("split", pa.array([split] * t.num_rows, pa.string()))
-             .append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-            for split, t in tables.items()]

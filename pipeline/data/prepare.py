@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import random
 import sys
 import time
 
@@ -19,13 +18,11 @@ import pyarrow as pa
 from ..common import log, storage
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
-from .corpus import CorpusError, check_source, read_splits, source_fingerprint
-from .encode import DROP_RULES, clean_batch, encode_block, encode_settings, labeled_splits, length_counts
+from .corpus import CorpusError, check_source, source_fingerprint
+from .encode import DROP_RULES, encode_block, encode_settings, length_counts
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, load_manifest
+from .sources import open_source, plan_blocks, tokenizer_sample
 
-# Pairs per Ray Data block (one task; a Parquet file per split in it): large, so that each
-# task's fixed cost (scheduling, files) stays small; benchmarks/prepare.py measures it.
-BLOCK_PAIRS = 100_000
 logger = log.get("prepare")
 
 
@@ -43,17 +40,6 @@ def prepared_path(cfg: DataConfig) -> tuple[str, str, str]:
     return storage.join(cfg.output_dir, name), src_hash, cfg_hash
 
 
-def tokenizer_sample(table: pa.Table, size: int, seed: int) -> tuple[list[str], list[str]]:
-    """A seeded random sample of cleaned, non-empty training pairs for SentencePiece."""
-    rows = list(range(table.num_rows))
-    if len(rows) > size:
-        rows = sorted(random.Random(seed).sample(rows, size))
-    sample = clean_batch({"src": np.array(table.column("src").take(rows).to_pylist(), dtype=object),
-                          "tgt": np.array(table.column("tgt").take(rows).to_pylist(), dtype=object)})
-    keep = sample["drop"] == ""
-    return list(sample["src"][keep]), list(sample["tgt"][keep])
-
-
 def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) -> Manifest:
     """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest."""
     check_source(cfg)
@@ -62,21 +48,21 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
         logger.info(f"reusing {final} (same source data and data config)")
         return load_manifest(final)
     started = time.perf_counter()
-    tables = read_splits(cfg)  # check_source ran above, before the cache lookup
-    for split, table in tables.items():
-        if table.num_rows == 0:
-            raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
-    logger.info(", ".join(f"{split}: {t.num_rows:,} pairs read" for split, t in tables.items()))
+    from ..common.cluster import ensure_ray
 
-    tokenizer = train_tokenizer(*tokenizer_sample(tables["train"], cfg.tokenizer_sample, cfg.seed),
+    ensure_ray(address)  # line files are checked and read in Ray tasks
+    source = open_source(cfg, on_ray=True)
+    for split, count in source.counts.items():
+        if count == 0:
+            raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
+    logger.info(", ".join(f"{split}: {count:,} pairs read" for split, count in source.counts.items()))
+
+    tokenizer = train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed),
                                 vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
                                 joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     logger.info(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
                 f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
 
-    from ..common.cluster import ensure_ray
-
-    ensure_ray(address)
     if storage.is_uri(final):
         # Written in place (object stores cannot rename a prefix) with the manifest last. Files of an
         # earlier attempt that crashed are deleted first: one cut into other blocks (another cluster
@@ -86,7 +72,7 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
     else:
         out = storage.temporary_sibling(final)
     try:
-        splits = prepare_splits(tables, tokenizer, cfg, out)
+        splits = prepare_splits(source, tokenizer, cfg, out)
         files = [path.rsplit("/", 1)[-1] for path in save_tokenizer(tokenizer, out)]
         content = {
             "format_version": FORMAT_VERSION, "fingerprint": final.rstrip("/").rsplit("-", 1)[-1],
@@ -118,7 +104,7 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
     return paths
 
 
-def prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
+def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
     """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
 
     One pipeline rather than one per split: each Ray Data execution has a fixed cost (planning,
@@ -128,49 +114,28 @@ def prepare_splits(tables: dict[str, pa.Table], tokenizer: Tokenizer, cfg: DataC
 
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    parts = blocks(tables, cfg.num_shards, num_cpus)
+    plan = plan_blocks(source.counts, cfg.num_shards, num_cpus)
     settings = encode_settings(tokenizer, cfg)
     if cfg.dedup:
-        return _prepare_deduplicated(ray.data.from_arrow(parts), settings, tables, cfg, out)
+        return _prepare_deduplicated(source.dataset(plan), settings, source.counts, cfg, out)
     # Ray Data reserves resources per operator so that the stages of a longer pipeline do not
-    # starve one another; in this one-stage pass it only holds the second task back at the
-    # start. A Dataset keeps a copy of the context it was made with, so the setting is changed
+    # starve one another; in this pass (at most a read, then the encoding) it only holds the
+    # second task back at the start. A Dataset keeps a copy of the context it was made with, so the setting is changed
     # for this one and put back at once.
     context = ray.data.DataContext.get_current()
     reserve, context.op_resource_reservation_enabled = context.op_resource_reservation_enabled, False
     try:
         # One streaming pass: each task writes its block's shard itself and hands back only
         # its length counts, so writing overlaps encoding and nothing large is materialised.
-        ds = ray.data.from_arrow(parts).map_batches(encode_block, batch_format="pyarrow", batch_size=None,
-                                                     fn_kwargs={"settings": settings, "out": out})
+        ds = source.dataset(plan).map_batches(encode_block, batch_format="pyarrow", batch_size=None,
+                                              fn_kwargs={"settings": settings, "out": out})
     finally:
         context.op_resource_reservation_enabled = reserve
     counts = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")  # an empty block's are null-typed
-    return split_entries(tables, counts)
+    return split_entries(source.counts, counts)
 
 
-def blocks(tables: dict[str, pa.Table], num_shards: int | None, num_cpus: int) -> list[pa.Table]:
-    """The splits, with "split" and "row" columns, sliced into the Ray Data blocks (one task each).
-
-    Slices become the blocks directly: a repartition would be an all-to-all shuffle.
-    """
-    labeled = labeled_splits(tables)
-    if num_shards:  # files per split, as asked: each split is sliced on its own
-        return [block for t in labeled for block in _slices(t, num_shards)]
-    # All splits end to end in equal blocks, so the tasks take equally long and the small
-    # validation and test splits share a task with training pairs instead of costing one each.
-    whole = pa.concat_tables(labeled)
-    waves = -(-whole.num_rows // (BLOCK_PAIRS * num_cpus))  # at most BLOCK_PAIRS per block
-    return _slices(whole, max(1, min(waves * num_cpus, whole.num_rows // 10_000)))  # not tiny
-
-
-def _slices(table: pa.Table, count: int) -> list[pa.Table]:
-    """`count` slices of (nearly) equal size, fewer if the table is shorter."""
-    size = max(1, -(-table.num_rows // count))
-    return [table.slice(start, size) for start in range(0, table.num_rows, size)]
-
-
-def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: DataConfig, out: str) -> dict:
+def _prepare_deduplicated(ds, settings: dict, read: dict[str, int], cfg: DataConfig, out: str) -> dict:
     """Encode everything, drop exact duplicates of the training split with a distributed group-by, write."""
     import pyarrow.compute as pc
     import ray
@@ -189,8 +154,8 @@ def _prepare_deduplicated(ds, settings: dict, tables: dict[str, pa.Table], cfg: 
     counts = pa.concat_tables([counts.filter(pc.invert(was_kept)),
                                *ray.get([count.remote(block) for block in train.to_arrow_refs()])],
                               promote_options="permissive")  # pandas may hand back large_string columns
-    entries = split_entries(tables, counts)
-    for split in tables:
+    entries = split_entries(read, counts)
+    for split in read:
         rows = train if split == "train" else encoded.filter(expr=col("split") == split)
         rows = rows.filter(expr=col("drop") == "").drop_columns(["split", "drop"])
         if cfg.num_shards:
@@ -206,12 +171,12 @@ def _mark_duplicates(group):
     return group
 
 
-def split_entries(tables: dict[str, pa.Table], counts: pa.Table) -> dict:
-    """The manifest's entry per split from length_counts: pairs kept, drops per rule, token statistics."""
+def split_entries(read: dict[str, int], counts: pa.Table) -> dict:
+    """The manifest's entry per split from length_counts (and pairs read): kept, drops per rule, token statistics."""
     import pyarrow.compute as pc
 
     entries = {}
-    for split, raw in tables.items():
+    for split, raw in read.items():
         mine = counts.filter(pc.equal(counts["split"], split))
         drops, n = mine["drop"].to_numpy(zero_copy_only=False), mine["count_all"].to_numpy()
         dropped = {rule: int(n[drops == rule].sum()) for rule in DROP_RULES}
@@ -223,10 +188,10 @@ def split_entries(tables: dict[str, pa.Table], counts: pa.Table) -> dict:
         # One value per pair again: exact statistics (a p99 too) from a few hundred counted rows.
         src_len = np.repeat(mine["src_len"].to_numpy()[keep], n[keep])
         tgt_len = np.repeat(mine["tgt_len"].to_numpy()[keep], n[keep])
-        logger.info(f"{split}: kept {pairs:,} of {raw.num_rows:,} pairs (dropped "
+        logger.info(f"{split}: kept {pairs:,} of {raw:,} pairs (dropped "
                     f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
         entries[split] = {
-            "pairs": pairs, "read": int(raw.num_rows), "dropped": dropped,
+            "pairs": pairs, "read": int(raw), "dropped": dropped,
             "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
             "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
             "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),

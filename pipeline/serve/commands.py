@@ -9,7 +9,7 @@ from pathlib import Path
 from ..common import log
 from ..common.devices import resolve_device
 from ..common.errors import UserError
-from ..data.corpus import read_lines
+from ..data.textfiles import read_lines
 from ..text.metrics import check_counts, score_with_signatures
 from ..track import registry, tracking
 
