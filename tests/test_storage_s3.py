@@ -1,9 +1,12 @@
 """Object storage for real: prepared data and training checkpoints on a local S3-compatible server (moto)."""
 
+import threading
 import uuid
 
+import psutil
 import pyarrow.dataset as ds
 import pytest
+from mlflow.tracking import MlflowClient
 from small import small_config
 
 from pipeline.common import checkpoint, storage
@@ -47,17 +50,46 @@ def test_prepare_on_s3_writes_the_manifest_last_and_a_rerun_after_a_crash_starts
     assert prepare_module.prepare(cfg.data).content["created_s"] == manifest.content["created_s"]  # reused
 
 
-def test_training_reads_its_data_from_s3_and_keeps_its_checkpoints_there(ray_session, s3_bucket, tmp_path):
-    """Nothing on a local disk is shared: data in, checkpoints out, the best one read back, all through S3."""
+def _checkpoints(uri: str) -> set[str]:
+    """The checkpoint directories under uri that hold a model file."""
+    return {name.rsplit("/", 1)[0] for name in _objects(uri) if name.endswith(f"/{checkpoint.MODEL_FILE}")}
+
+
+def _kill_a_worker_after(uri: str, checkpoints: int, killed: list, done: threading.Event) -> None:
+    """SIGKILL a Ray Train worker once `checkpoints` checkpoints are on storage (the first one registered by then)."""
+    while not done.wait(0.5):
+        if len(_checkpoints(uri)) >= checkpoints:
+            for proc in psutil.process_iter(["cmdline"]):
+                if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
+                    proc.kill()  # no chance to clean up
+                    killed.append(proc.pid)
+                    return
+
+
+def test_training_on_s3_survives_a_killed_worker_and_resumes_from_its_s3_checkpoint(ray_session, s3_bucket,
+                                                                                    tmp_path):
+    """Nothing on a local disk is shared: data in, checkpoints out, the restart's checkpoint, all through S3."""
     prefix = f"{s3_bucket}/{uuid.uuid4().hex[:8]}"
     cfg = small_config(tmp_path, f"data.output_dir={prefix}/prepared", f"train.storage_path={prefix}/runs",
-                       "train.max_steps=20", "train.val_interval=10", "train.average_last=1")
-    outcome = train(cfg)
+                       "train.max_steps=30", "train.val_interval=6", "train.average_last=1", "train.max_failures=1",
+                       "train.keep_checkpoints=5")
+    killed: list[int] = []
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_a_worker_after, args=(f"{prefix}/runs", 2, killed, done))
+    killer.start()
+    try:
+        outcome = train(cfg)
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no training worker was found to kill"
     assert outcome.checkpoint_path.removeprefix("s3://").startswith(prefix.removeprefix("s3://"))
-    assert outcome.metrics["step"] == 20
-    written = _objects(f"{prefix}/runs")
-    assert any(name.endswith(checkpoint.MODEL_FILE) for name in written), written
+    assert len(_checkpoints(f"{prefix}/runs")) >= 5  # one per validation (and any the killed attempt left)
     assert not any(tmp_path.glob("runs/*")), "a checkpoint went to local disk"
+    steps = [m.step for m in MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")]
+    # Every validation logged once: the restart went on from a checkpoint on S3, not from scratch.
+    assert sorted(steps) == [6, 12, 18, 24, 30]
     # A rerun of the same command finds the finished run on S3 and trains no further.
     again = train(cfg)
-    assert again.run_id == outcome.run_id and again.metrics["step"] == 20
+    assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
+    assert len(MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")) == 5
