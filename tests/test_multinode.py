@@ -1,4 +1,5 @@
-"""Two Ray nodes of 1 CPU each, one DDP worker on each: replicas stay identical and learn like one worker.
+"""Two Ray nodes of 1 CPU each, one DDP worker on each: replicas stay identical and learn like one worker,
+and a run that loses a whole node goes on from its last checkpoint on a replacement node.
 
 The nodes share no local path: the prepared data and the checkpoints are on the session's S3 server.
 """
@@ -18,40 +19,82 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs in its own process: a ray.cluster_utils.Cluster cannot share a process with the
 # session's local Ray instance.
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, sys, threading
+    import pyarrow.fs as pafs
     import ray
     from ray.cluster_utils import Cluster
     from mlflow.tracking import MlflowClient
+    from pipeline.common import log
+    from pipeline.common.checkpoint import MODEL_FILE
     from pipeline.config import load_config
     from pipeline.train.driver import train
 
+    def checkpoints(uri):
+        # Complete checkpoints on S3: the directories that hold a model file.
+        fs, path = pafs.FileSystem.from_uri(uri)
+        files = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        return {f.path.rsplit("/", 1)[0] for f in files if f.path.endswith("/" + MODEL_FILE)}
+
+    def replace_a_node_after(runs, count, done, lost):
+        # The node that holds rank 1 (STRICT_SPREAD) goes away with its worker; a fresh one joins.
+        while not done.wait(0.5):
+            if len(checkpoints(runs)) >= count:
+                cluster.remove_node(next(iter(cluster.worker_nodes)))
+                lost["after_checkpoints"] = len(checkpoints(runs))
+                cluster.add_node(num_cpus=1)
+                return
+
     out, storage = sys.argv[1], sys.argv[3]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    common = ["data.demo_sizes={train: 2000, validation: 60, test: 60}", "data.vocab_size=500",
-              "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
-              "train.max_tokens=1024", "train.warmup_steps=30", "train.max_steps=40", "train.val_interval=20",
-              "train.log_every=5", "train.beam_size=1", "train.average_last=1", "train.resource_wait_s=20",
-              f"data.output_dir={storage}/data", f"train.storage_path={storage}/runs",
-              f"tracking.tracking_uri=sqlite:///{out}/mlflow.db"]
-    results = {}
-    for name, extra in {"two_nodes": ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD"],
-                        "one_worker": ["train.num_workers=1", "train.update_freq=2"]}.items():
-        cfg = load_config(sys.argv[2], common + extra)
-        outcome = train(cfg)
-        client = MlflowClient(cfg.tracking.tracking_uri)
-        results[name] = {"loss": [(m.step, m.value) for m in client.get_metric_history(outcome.run_id, "train_loss")],
-                         "checksum": outcome.metrics["param_checksum"], "checkpoint": outcome.checkpoint_path}
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    results["nodes"] = len(nodes)
-    json.dump(results, open(f"{out}/result.json", "w"))
-    ray.shutdown()
-    cluster.shutdown()
+    log.setup()  # progress lines on stderr, the workers' too
+
+
+    def run():
+        common = ["data.demo_sizes={train: 2000, validation: 60, test: 60}", "data.vocab_size=500",
+                  "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
+                  "train.max_tokens=1024", "train.warmup_steps=30", "train.max_steps=40", "train.val_interval=20",
+                  "train.log_every=5", "train.beam_size=1", "train.average_last=1", "train.resource_wait_s=20",
+                  f"data.output_dir={storage}/data", f"train.storage_path={storage}/runs",
+                  f"tracking.tracking_uri=sqlite:///{out}/mlflow.db"]
+        results = {}
+        for name, extra in {"two_nodes": ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD"],
+                            "one_worker": ["train.num_workers=1", "train.update_freq=2"]}.items():
+            cfg = load_config(sys.argv[2], common + extra)
+            outcome = train(cfg)
+            client = MlflowClient(cfg.tracking.tracking_uri)
+            losses = client.get_metric_history(outcome.run_id, "train_loss")
+            results[name] = {"loss": [(m.step, m.value) for m in losses],
+                             "checksum": outcome.metrics["param_checksum"], "checkpoint": outcome.checkpoint_path}
+        results["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+        lost, done = {}, threading.Event()
+        replacer = threading.Thread(target=replace_a_node_after, args=(f"{storage}/runs-lost", 2, done, lost))
+        replacer.start()
+        cfg = load_config(sys.argv[2], common + ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD",
+                                                 "train.max_failures=2", "train.max_steps=60", "train.val_interval=10",
+                                                 f"train.storage_path={storage}/runs-lost"])
+        try:
+            outcome = train(cfg)
+        finally:
+            done.set()
+            replacer.join()
+        history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")
+        results["lost_node"] = {**lost, "val_steps": [m.step for m in history]}
+        json.dump(results, open(f"{out}/result.json", "w"))
+
+    # shutdown_at_exit=False: nodes added from a thread cannot install signal handlers; the
+    # script shuts the cluster down itself.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False},
+                      shutdown_at_exit=False)
+    try:
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address)
+        run()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 """)
 
 
-def test_ddp_across_two_nodes_synchronises_and_matches_one_worker(tmp_path, s3_bucket):
+def test_ddp_across_two_nodes_matches_one_worker_and_survives_losing_a_node(tmp_path, s3_bucket):
     storage = f"{s3_bucket}/multinode-{tmp_path.name}"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(ROOT / "configs" / "demo.yaml"), storage],
                           capture_output=True, text=True, timeout=900)
@@ -66,3 +109,8 @@ def test_ddp_across_two_nodes_synchronises_and_matches_one_worker(tmp_path, s3_b
     for step in two:
         assert abs(two[step] - one[step]) <= 0.1 * one[step], (step, two[step], one[step])
     assert two[max(two)] < two[min(two)] - 0.5  # and both actually learn
+    lost = result["lost_node"]
+    assert lost.get("after_checkpoints", 0) >= 2, "the node was not removed during the run"
+    assert "resumed from step" in proc.stdout + proc.stderr  # from the last checkpoint on S3, not from scratch
+    # Every validation logged once, the last one at the end of the run.
+    assert len(lost["val_steps"]) == len(set(lost["val_steps"])) and max(lost["val_steps"]) == 60
