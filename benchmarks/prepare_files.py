@@ -9,6 +9,7 @@ earlier commit), in the same run:
 
     python benchmarks/prepare_files.py                         # 435k and 4.35M pairs: ~10 min on 2 cores
     git worktree add /tmp/before <commit> && python benchmarks/prepare_files.py --baseline-repo /tmp/before
+    python benchmarks/prepare_files.py --dedup                 # the large corpus once more with data.dedup=true
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def write_corpus(multi30k: Path, times: int, out: Path) -> int:
     return sum(1 for _ in open(out / "train.en", "rb"))
 
 
-def prepare(repo: Path, corpus: Path, output_dir: Path) -> dict:
-    """`nmt prepare` of the corpus with the given checkout's code: its measured figures."""
+def prepare(repo: Path, corpus: Path, output_dir: Path, *settings: str) -> dict:
+    """`nmt prepare` of the corpus with the given checkout's code (and --set settings): its measured figures."""
     command = [sys.executable, "-m", "pipeline", "prepare", "--config", "configs/multi30k_en_de.yaml", "-q",
-               "--set", f"data.path={corpus}", "--set", f"data.output_dir={output_dir}"]
+               "--set", f"data.path={corpus}", "--set", f"data.output_dir={output_dir}",
+               *(arg for setting in settings for arg in ("--set", setting))]
     return run_measured(command, cwd=repo)
 
 
@@ -56,6 +58,8 @@ def main(argv=None) -> None:
     parser.add_argument("--small", type=int, default=15, help="repeats of the training split, small corpus")
     parser.add_argument("--large", type=int, default=150, help="repeats of the training split, large corpus")
     parser.add_argument("--baseline-repo", type=Path, help="another checkout to prepare the large corpus with")
+    parser.add_argument("--dedup", action="store_true",
+                        help="also prepare the large corpus with data.dedup=true (every training pair repeats)")
     args = parser.parse_args(argv)
     if not (args.data_dir / "train.en").is_file():
         raise SystemExit(f"Multi30k not found at {args.data_dir}; pass --data-dir or set NMT_MULTI30K_DIR")
@@ -68,6 +72,12 @@ def main(argv=None) -> None:
             result[name] = {"train_pairs": pairs, "corpus_mib": round(sum(
                 f.stat().st_size for f in corpus.iterdir()) / 2**20), **figures}
             print(f"{name}: {result[name]}", file=sys.stderr)
+        if args.dedup:
+            corpus, out = Path(tmp) / f"corpus-{args.large}", Path(tmp) / "out-dedup"
+            result["large_dedup"] = prepare(REPO_ROOT, corpus, out, "data.dedup=true")
+            (manifest,) = out.glob("*/manifest.json")
+            result["large_dedup"]["train_pairs_kept"] = json.loads(manifest.read_text())["splits"]["train"]["pairs"]
+            print(f"dedup: {result['large_dedup']}", file=sys.stderr)
         if args.baseline_repo:
             corpus = Path(tmp) / f"corpus-{args.large}"
             result["baseline_large"] = prepare(args.baseline_repo.resolve(), corpus, Path(tmp) / "out-baseline")
