@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import DataConfig
 from pipeline.data.corpus import CorpusError, source_fingerprint
-from pipeline.data.sources import read_corpus
+from pipeline.data.sources import parquet_source, read_corpus
 from pipeline.data.textfiles import LineFormat, index_file, read_lines, read_lines_at, run_here
 
 
@@ -188,3 +188,27 @@ def test_a_problem_deep_in_a_file_scanned_in_many_ranges_names_its_global_line(t
     path.write_bytes(good * 37 + bad + good * 20)
     with pytest.raises(CorpusError, match=expected):
         index_file(path, LineFormat(fmt, "en", "de"), run_here, chunk_bytes=16, stride=2)
+
+
+def test_parquet_is_checked_from_its_footer_and_read_by_runs_of_rows_across_row_groups(tmp_path):
+    pairs = [{"en": f"A house {i}.", "de": f"Ein Haus {i}."} for i in range(25)]
+    pq.write_table(pa.table({"translation": pairs, "id": list(range(25))}), tmp_path / "train.parquet",
+                   row_group_size=4)
+    pq.write_table(pa.table({"translation": pairs[:3], "id": [0, 1, 2]}), tmp_path / "val.parquet")
+    cfg = files_config(tmp_path, format="parquet", src_field="translation.en", tgt_field="translation.de")
+    source = parquet_source(cfg)
+    assert source.counts == {"train": 25, "validation": 3}
+    for first, count in [(0, 25), (3, 6), (4, 4), (21, 4), (24, 1), (7, 0)]:
+        table = source.pairs("train", first, count)
+        assert table.column("src").to_pylist() == [p["en"] for p in pairs[first:first + count]], (first, count)
+    assert source.sample([1, 8, 23]).column("tgt").to_pylist() == ["Ein Haus 1.", "Ein Haus 8.", "Ein Haus 23."]
+
+
+def test_a_missing_value_in_a_later_row_group_names_its_row_in_the_file(tmp_path):
+    src = [f"s{i}" for i in range(20)]
+    src[13] = None
+    pq.write_table(pa.table({"en": src, "de": [f"t{i}" for i in range(20)]}), tmp_path / "train.parquet",
+                   row_group_size=5)
+    pq.write_table(pa.table({"en": ["a"], "de": ["b"]}), tmp_path / "val.parquet")
+    with pytest.raises(CorpusError, match=r"train\.parquet: column 'en' has 1 missing values \(the first in row 13\)"):
+        parquet_source(files_config(tmp_path, format="parquet"))

@@ -1,8 +1,7 @@
-"""Corpus sources checked strictly: the table sources (demo, Parquet, Hugging Face) and what all sources share.
+"""Corpus sources checked strictly: the table sources (demo, Hugging Face) and what all sources share.
 
-Line files (text, TSV, JSONL) are read in Ray tasks by textfiles. Lines are split on "\\n" only:
-CRLF endings, a byte-order mark, U+2028 or U+0085 inside a line never shift the pairing of two
-parallel files. Every problem is a CorpusError that names the file and line.
+Files are read in Ray tasks: text, TSV and JSONL by textfiles, Parquet by parquetfiles. Every
+problem is a CorpusError that names the file and line (or row).
 """
 
 from __future__ import annotations
@@ -28,8 +27,11 @@ def _table(src: list[str], tgt: list[str]) -> pa.Table:
     return pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())})
 
 
-def _pick_columns(table: pa.Table, cfg: DataConfig, where: str) -> pa.Table:
-    """The src and tgt string columns named by src_field / tgt_field (dots reach into structs), in Arrow."""
+def pick_columns(table: pa.Table, cfg: DataConfig, where: str, first_row: int = 0) -> pa.Table:
+    """The src and tgt string columns named by src_field / tgt_field (dots reach into structs), in Arrow.
+
+    first_row: the table's first row in its file, so that a missing value is reported by its row there.
+    """
     columns = []
     for key in (cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang):
         top, *rest = key.split(".")
@@ -48,18 +50,9 @@ def _pick_columns(table: pa.Table, cfg: DataConfig, where: str) -> pa.Table:
         if column.null_count:
             first = pc.index(pc.is_null(column), True).as_py()
             raise CorpusError(f"{where}: column {key!r} has {column.null_count} missing values (the first "
-                              f"in row {first})")
+                              f"in row {first_row + first})")
         columns.append(column.cast(pa.string()))
     return pa.table({"src": columns[0], "tgt": columns[1]})
-
-
-def _read_parquet(cfg: DataConfig, stem: str) -> pa.Table:
-    import pyarrow.parquet as pq
-
-    path = Path(cfg.path) / f"{stem}.parquet"
-    if not path.exists():
-        raise CorpusError(f"{path}: file not found")
-    return _pick_columns(pq.read_table(path), cfg, str(path))
 
 
 def _read_hf(cfg: DataConfig, split_name: str) -> pa.Table:
@@ -76,7 +69,7 @@ def _read_hf(cfg: DataConfig, split_name: str) -> pa.Table:
     if getattr(dataset, "_indices", None) is not None:  # a selection or shuffle: make its rows real
         dataset = dataset.flatten_indices()
     # The memory-mapped Arrow table under the dataset: no Python object per record (WMT14 has 4.5M).
-    return _pick_columns(dataset.data.table, cfg, f"{cfg.path or cfg.hf_name}[{split_name}]")
+    return pick_columns(dataset.data.table, cfg, f"{cfg.path or cfg.hf_name}[{split_name}]")
 
 
 def check_source(cfg: DataConfig) -> None:
@@ -96,7 +89,7 @@ def check_source(cfg: DataConfig) -> None:
 
 
 def read_tables(cfg: DataConfig) -> dict[str, pa.Table]:
-    """Every configured split of a table source (demo, parquet, hf) that check_source has accepted."""
+    """Every configured split of a table source (demo, hf) that check_source has accepted."""
     if cfg.source == "demo":
         from .demo_corpus import demo_corpus
 
@@ -104,9 +97,7 @@ def read_tables(cfg: DataConfig) -> dict[str, pa.Table]:
         pairs = demo_corpus(sizes["train"], sizes["validation"], max(sizes["test"], 1), seed=cfg.seed)
         return {split: _table([s for s, _ in pairs[split]], [t for _, t in pairs[split]])
                 for split in cfg.splits}
-    if cfg.source == "hf":
-        return {split: _read_hf(cfg, name) for split, name in cfg.splits.items()}
-    return {split: _read_parquet(cfg, stem) for split, stem in cfg.splits.items()}
+    return {split: _read_hf(cfg, name) for split, name in cfg.splits.items()}
 
 
 def source_fingerprint(cfg: DataConfig) -> str:

@@ -1,14 +1,16 @@
 """What `nmt prepare` reads: pairs per split, a tokenizer sample, and a Ray Dataset of labeled blocks.
 
-Line files (text, TSV, JSONL) are checked and read by Ray tasks on the node that has them, so
-the driver holds only line counts and a sparse line index. The demo generator, Parquet files
-and Hugging Face datasets arrive as Arrow tables (a dataset's is memory-mapped).
+Files are read by Ray tasks on the node that has them, as runs of rows: line files (text, TSV,
+JSONL) through a sparse line index that their scan tasks build, Parquet files by row group
+(the driver reads only footers). The demo generator and Hugging Face datasets arrive as Arrow
+tables (a dataset's is memory-mapped).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ import pyarrow as pa
 
 from ..config import DataConfig
 from .corpus import CorpusError, check_source, read_tables
+from .parquetfiles import ParquetReader, check_parquet
 from .textfiles import LineFormat, LineIndex, index_file, read_pairs, run_here
 
 # Pairs per Ray Data block (one task; a Parquet file per split in it): large, so that each
@@ -59,7 +62,7 @@ def labeled(table: pa.Table, split: str, first: int) -> pa.Table:
 
 
 class TableSource:
-    """Splits that are Arrow tables already: the demo generator, Parquet files, Hugging Face datasets."""
+    """Splits that are Arrow tables already: the demo generator, Hugging Face datasets."""
 
     def __init__(self, tables: dict[str, pa.Table]):
         self.tables = tables
@@ -84,30 +87,15 @@ class TableSource:
         return ray.data.from_arrow(self.blocks(plan))
 
 
-class LineFileSource:
-    """Text pairs, TSV or JSONL files: scanned by `run`, read by line ranges (scan_settings: index_file's)."""
+class RangeSource:
+    """A source read as runs of rows by `reader(split, first, count)`: by `run` (the sample) and in Ray Data tasks."""
 
-    def __init__(self, cfg: DataConfig, run=run_here, remote_args: dict | None = None, **scan_settings):
-        root = Path(cfg.path)
-        if cfg.format == "text":
-            self.format = LineFormat("text", on_bad_utf8=cfg.on_bad_utf8)
-            files = {split: [root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"]
-                     for split, stem in cfg.splits.items()}
-        else:
-            self.format = LineFormat(cfg.format, cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang,
-                                     cfg.on_bad_utf8)
-            files = {split: [root / f"{stem}.{cfg.format}"] for split, stem in cfg.splits.items()}
-        self.run, self.remote_args = run, remote_args or {}
-        self.indexes: dict[str, list[LineIndex]] = {}
-        for split, paths in files.items():
-            self.indexes[split] = [index_file(path, self.format, run, **scan_settings) for path in paths]
-            if len(paths) == 2 and self.indexes[split][0].lines != self.indexes[split][1].lines:
-                raise _mismatch(*self.indexes[split])
-        self.counts = {split: indexes[0].lines for split, indexes in self.indexes.items()}
+    def __init__(self, reader, counts: dict[str, int], run=run_here, remote_args: dict | None = None):
+        self.reader, self.counts, self.run, self.remote_args = reader, counts, run, remote_args or {}
 
     def pairs(self, split: str, first: int, count: int) -> pa.Table:
         """Rows first..first+count-1 of a split as a (src, tgt) table, read in this process."""
-        return read_pairs(self.indexes[split], self.format, first, count)
+        return self.reader(split, first, count)
 
     def sample(self, rows: list[int]) -> pa.Table:
         """The given rows (ascending) of the training split, read by `run` a block at a time."""
@@ -115,7 +103,7 @@ class LineFileSource:
         for start, size in _cuts(self.counts["train"], max(1, -(-self.counts["train"] // BLOCK_PAIRS))):
             lo, hi = np.searchsorted(rows, [start, start + size])
             if hi > lo:
-                calls.append((self.indexes["train"], self.format, start, size, [r - start for r in rows[lo:hi]]))
+                calls.append((self.reader, start, size, [r - start for r in rows[lo:hi]]))
         return pa.concat_tables(self.run(_take_pairs, calls)) if calls else self.pairs("train", 0, 0)
 
     def dataset(self, plan: list[list[Piece]]):
@@ -124,8 +112,45 @@ class LineFileSource:
 
         items = [{"pieces": json.dumps(block)} for block in plan]
         return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            _read_blocks, batch_size=1, batch_format="numpy", fn_kwargs={"indexes": self.indexes, "fmt": self.format},
-            **self.remote_args)
+            _read_blocks, batch_size=1, batch_format="numpy", fn_kwargs={"reader": self.reader}, **self.remote_args)
+
+
+@dataclass
+class LineReader:
+    """Runs of pairs of indexed line files; picklable, so tasks can call it."""
+
+    indexes: dict[str, list[LineIndex]]
+    fmt: LineFormat
+
+    def __call__(self, split: str, first: int, count: int) -> pa.Table:
+        return read_pairs(self.indexes[split], self.fmt, first, count)
+
+
+def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None, **scan_settings) -> RangeSource:
+    """Text pairs, TSV or JSONL files, scanned by `run` (scan_settings: index_file's)."""
+    root = Path(cfg.path)
+    if cfg.format == "text":
+        fmt = LineFormat("text", on_bad_utf8=cfg.on_bad_utf8)
+        files = {split: [root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"]
+                 for split, stem in cfg.splits.items()}
+    else:
+        fmt = LineFormat(cfg.format, cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang, cfg.on_bad_utf8)
+        files = {split: [root / f"{stem}.{cfg.format}"] for split, stem in cfg.splits.items()}
+    indexes = {}
+    for split, paths in files.items():
+        indexes[split] = [index_file(path, fmt, run, **scan_settings) for path in paths]
+        if len(paths) == 2 and indexes[split][0].lines != indexes[split][1].lines:
+            raise _mismatch(*indexes[split])
+    return RangeSource(LineReader(indexes, fmt), {split: found[0].lines for split, found in indexes.items()},
+                       run, remote_args)
+
+
+def parquet_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None) -> RangeSource:
+    """One Parquet file per split, checked from its footer."""
+    paths = {split: Path(cfg.path) / f"{stem}.parquet" for split, stem in cfg.splits.items()}
+    counts = {split: check_parquet(path, cfg) for split, path in paths.items()}
+    return RangeSource(ParquetReader({split: str(path) for split, path in paths.items()}, cfg), counts,
+                       run, remote_args)
 
 
 def _mismatch(src: LineIndex, tgt: LineIndex) -> CorpusError:
@@ -133,26 +158,27 @@ def _mismatch(src: LineIndex, tgt: LineIndex) -> CorpusError:
                        f"{tgt.lines}; they must pair line by line (nothing was truncated)")
 
 
-def _take_pairs(indexes: list[LineIndex], fmt: LineFormat, first: int, count: int, rows: list[int]) -> pa.Table:
+def _take_pairs(reader, first: int, count: int, rows: list[int]) -> pa.Table:
     """Task: some rows (relative to first) of a run of pairs, so only the sample travels back."""
-    return read_pairs(indexes, fmt, first, count).take(rows)
+    return reader("train", first, count).take(rows)
 
 
-def _read_blocks(batch: dict[str, np.ndarray], indexes: dict[str, list[LineIndex]], fmt: LineFormat) -> pa.Table:
+def _read_blocks(batch: dict[str, np.ndarray], reader) -> pa.Table:
     """Ray Data task: the labeled pairs of one planned block."""
-    return pa.concat_tables(labeled(read_pairs(indexes[split], fmt, first, count), split, first)
+    return pa.concat_tables(labeled(reader(split, first, count), split, first)
                             for pieces in batch["pieces"] for split, first, count in json.loads(pieces))
 
 
 def open_source(cfg: DataConfig, on_ray: bool = False):
-    """The corpus as a TableSource or LineFileSource; on_ray: scans and reads run as Ray tasks.
+    """The corpus as a TableSource or RangeSource; on_ray: scans and reads run as Ray tasks.
 
-    Line files are local paths, so their tasks are pinned to this node (ray_here): another node
-    of the cluster need not have them. The config has passed check_source.
+    Files are local paths, so their tasks are pinned to this node (ray_here): another node of
+    the cluster need not have them. The config has passed check_source.
     """
-    if cfg.source != "files" or cfg.format == "parquet":
+    if cfg.source != "files":
         return TableSource(read_tables(cfg))
-    return LineFileSource(cfg, *ray_here()) if on_ray else LineFileSource(cfg)
+    opener = parquet_source if cfg.format == "parquet" else line_file_source
+    return opener(cfg, *ray_here()) if on_ray else opener(cfg)
 
 
 def ray_here() -> tuple:

@@ -1,0 +1,64 @@
+"""Parquet corpus files checked from their footers and read by runs of rows, from the row groups that hold them.
+
+The driver reads only footers: the row count, the schema (columns, nesting, types) and each
+column chunk's null count; a row group is read there only when its footer reports missing
+values (or has no statistics), to name the first one's row. Runs of rows are read in tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..config import DataConfig
+from .corpus import CorpusError, pick_columns
+
+
+def _keys(cfg: DataConfig) -> tuple[str, str]:
+    return cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
+
+
+def _group_starts(metadata) -> np.ndarray:
+    """The first row of each row group, and the row count at the end."""
+    return np.cumsum([0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+
+
+def check_parquet(path: Path, cfg: DataConfig) -> int:
+    """The file's row count, after checking its src/tgt columns exist, hold strings and miss no value."""
+    if not path.is_file():
+        raise CorpusError(f"{path}: file not found")
+    parquet = pq.ParquetFile(path)
+    pick_columns(parquet.schema_arrow.empty_table(), cfg, str(path))  # names, nesting and types
+    metadata, keys = parquet.metadata, set(_keys(cfg))
+    starts = _group_starts(metadata)
+    for group in range(metadata.num_row_groups):
+        chunks = [metadata.row_group(group).column(i) for i in range(metadata.num_columns)]
+        counted = [c.statistics for c in chunks if c.path_in_schema in keys]
+        if len(counted) < len(keys) or any(s is None or not s.has_null_count or s.null_count for s in counted):
+            columns = sorted({key.split(".")[0] for key in keys})
+            pick_columns(parquet.read_row_group(group, columns=columns), cfg, str(path), int(starts[group]))
+    return metadata.num_rows
+
+
+@dataclass
+class ParquetReader:
+    """Runs of rows of one Parquet file per split as (src, tgt) tables; picklable, so tasks can call it."""
+
+    paths: dict[str, str]
+    cfg: DataConfig
+
+    def __call__(self, split: str, first: int, count: int) -> pa.Table:
+        parquet = pq.ParquetFile(self.paths[split])
+        starts = _group_starts(parquet.metadata)
+        columns = sorted({key.split(".")[0] for key in _keys(self.cfg)})
+        lo = max(0, int(np.searchsorted(starts, first, side="right")) - 1)
+        hi = max(lo + 1, int(np.searchsorted(starts, first + count, side="left")))
+        groups = [g for g in range(lo, hi) if g < parquet.metadata.num_row_groups]
+        table = parquet.read_row_groups(groups, columns=columns) if groups else \
+            parquet.schema_arrow.empty_table().select(columns)
+        rows = table.slice(first - int(starts[lo]), count)
+        return pick_columns(rows, self.cfg, self.paths[split], first)
