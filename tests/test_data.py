@@ -213,6 +213,22 @@ def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tm
     assert pq.read_table(manifest.split_dir("validation")).num_rows == 4
 
 
+def test_a_parquet_corpus_is_prepared_by_row_groups_in_order(ray_session, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pairs = [{"en": f"a cat number {i} sat here", "de": f"eine katze nummer {i} sass"} for i in range(300)]
+    pq.write_table(pa.table({"translation": pairs}), corpus / "train.parquet", row_group_size=37)
+    pq.write_table(pa.table({"translation": pairs[:20]}), corpus / "val.parquet", row_group_size=7)
+    cfg = DataConfig(source="files", format="parquet", path=str(corpus), output_dir=str(tmp_path / "out"),
+                     src_field="translation.en", tgt_field="translation.de", vocab_size=80, num_shards=3,
+                     splits={"train": "train", "validation": "val"})
+    manifest = prepare(cfg)
+    assert manifest.content["splits"]["train"]["read"] == 300
+    train = pq.read_table(manifest.split_dir("train")).sort_by("row")
+    assert train.column("row").to_pylist() == list(range(300))
+    assert train.column("tgt").to_pylist() == [p["de"] for p in pairs]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
