@@ -27,13 +27,18 @@ def _table(src: list[str], tgt: list[str]) -> pa.Table:
     return pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())})
 
 
+def field_keys(cfg: DataConfig) -> tuple[str, str]:
+    """The source and target field (column, JSON key; dots nest): src_field / tgt_field, else the language codes."""
+    return cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
+
+
 def pick_columns(table: pa.Table, cfg: DataConfig, where: str, first_row: int = 0) -> pa.Table:
     """The src and tgt string columns named by src_field / tgt_field (dots reach into structs), in Arrow.
 
     first_row: the table's first row in its file, so that a missing value is reported by its row there.
     """
     columns = []
-    for key in (cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang):
+    for key in field_keys(cfg):
         top, *rest = key.split(".")
         if top not in table.column_names:
             raise CorpusError(f"{where}: no column {top!r}; columns are {table.column_names}; "

@@ -15,11 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..config import DataConfig
-from .corpus import CorpusError, pick_columns
+from .corpus import CorpusError, field_keys, pick_columns
 
 
-def _keys(cfg: DataConfig) -> tuple[str, str]:
-    return cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang
+def _top_columns(cfg: DataConfig) -> list[str]:
+    """The top-level columns that hold the source and target fields (a struct's name for "a.b")."""
+    return sorted({key.split(".")[0] for key in field_keys(cfg)})
 
 
 def _group_starts(metadata) -> np.ndarray:
@@ -33,14 +34,13 @@ def check_parquet(path: Path, cfg: DataConfig) -> int:
         raise CorpusError(f"{path}: file not found")
     parquet = pq.ParquetFile(path)
     pick_columns(parquet.schema_arrow.empty_table(), cfg, str(path))  # names, nesting and types
-    metadata, keys = parquet.metadata, set(_keys(cfg))
+    metadata, keys = parquet.metadata, set(field_keys(cfg))
     starts = _group_starts(metadata)
     for group in range(metadata.num_row_groups):
         chunks = [metadata.row_group(group).column(i) for i in range(metadata.num_columns)]
         counted = [c.statistics for c in chunks if c.path_in_schema in keys]
         if len(counted) < len(keys) or any(s is None or not s.has_null_count or s.null_count for s in counted):
-            columns = sorted({key.split(".")[0] for key in keys})
-            pick_columns(parquet.read_row_group(group, columns=columns), cfg, str(path), int(starts[group]))
+            pick_columns(parquet.read_row_group(group, columns=_top_columns(cfg)), cfg, str(path), int(starts[group]))
     return metadata.num_rows
 
 
@@ -54,7 +54,7 @@ class ParquetReader:
     def __call__(self, split: str, first: int, count: int) -> pa.Table:
         parquet = pq.ParquetFile(self.paths[split])
         starts = _group_starts(parquet.metadata)
-        columns = sorted({key.split(".")[0] for key in _keys(self.cfg)})
+        columns = _top_columns(self.cfg)
         lo = max(0, int(np.searchsorted(starts, first, side="right")) - 1)
         hi = max(lo + 1, int(np.searchsorted(starts, first + count, side="left")))
         groups = [g for g in range(lo, hi) if g < parquet.metadata.num_row_groups]

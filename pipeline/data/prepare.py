@@ -120,8 +120,8 @@ def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> d
         return _prepare_deduplicated(source.dataset(plan), settings, source.counts, cfg, out)
     # Ray Data reserves resources per operator so that the stages of a longer pipeline do not
     # starve one another; in this pass (at most a read, then the encoding) it only holds the
-    # second task back at the start. A Dataset keeps a copy of the context it was made with, so the setting is changed
-    # for this one and put back at once.
+    # second task back at the start. A Dataset keeps a copy of the context it was made with,
+    # so the setting is changed for this one and put back at once.
     context = ray.data.DataContext.get_current()
     reserve, context.op_resource_reservation_enabled = context.op_resource_reservation_enabled, False
     try:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import DataConfig
-from .corpus import CorpusError, check_source, read_tables
+from .corpus import CorpusError, check_source, field_keys, read_tables
 from .parquetfiles import ParquetReader, check_parquet
 from .textfiles import LineFormat, LineIndex, index_file, read_pairs, run_here
 
@@ -134,7 +134,7 @@ def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = N
         files = {split: [root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"]
                  for split, stem in cfg.splits.items()}
     else:
-        fmt = LineFormat(cfg.format, cfg.src_field or cfg.src_lang, cfg.tgt_field or cfg.tgt_lang, cfg.on_bad_utf8)
+        fmt = LineFormat(cfg.format, *field_keys(cfg), cfg.on_bad_utf8)
         files = {split: [root / f"{stem}.{cfg.format}"] for split, stem in cfg.splits.items()}
     indexes = {}
     for split, paths in files.items():
