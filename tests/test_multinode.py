@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # session's local Ray instance.
 SCRIPT = textwrap.dedent("""
     import json, sys, threading
+    import psutil
     import pyarrow.fs as pafs
     import ray
     from ray.cluster_utils import Cluster
@@ -30,17 +31,31 @@ SCRIPT = textwrap.dedent("""
     from pipeline.train.driver import train
 
     def checkpoints(uri):
-        # Complete checkpoints on S3: the directories that hold a model file.
+        # Checkpoints on S3 (the directories that hold a model file), and whether Ray Train has registered
+        # one: its snapshot file. A report still queued on a worker is lost with the worker group, and a
+        # restart before the first registration would start from scratch.
         fs, path = pafs.FileSystem.from_uri(uri)
-        files = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-        return {f.path.rsplit("/", 1)[0] for f in files if f.path.endswith("/" + MODEL_FILE)}
+        files = [f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))]
+        registered = any(f.endswith("/checkpoint_manager_snapshot.json") for f in files)
+        return {f.rsplit("/", 1)[0] for f in files if f.endswith("/" + MODEL_FILE)}, registered
+
+    def lose(node):
+        # A machine that dies takes all its processes along, with no time to clean up: SIGKILL the node's
+        # Ray workers, then remove the node.
+        raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+        started = raylet.children(recursive=True)  # the Ray workers of this node, the training rank among them
+        for proc in started:
+            proc.kill()
+        cluster.remove_node(node)  # the raylet tells the GCS at once: no health-check timeout to wait out
+        return len(started)
 
     def replace_a_node_after(runs, count, done, lost):
         # The node that holds rank 1 (STRICT_SPREAD) goes away with its worker; a fresh one joins.
         while not done.wait(0.5):
-            if len(checkpoints(runs)) >= count:
-                cluster.remove_node(next(iter(cluster.worker_nodes)))
-                lost["after_checkpoints"] = len(checkpoints(runs))
+            stored, registered = checkpoints(runs)
+            if registered and len(stored) >= count:
+                lost["killed"] = lose(next(iter(cluster.worker_nodes)))
+                lost["after_checkpoints"] = len(checkpoints(runs)[0])
                 cluster.add_node(num_cpus=1)
                 return
 
@@ -76,8 +91,10 @@ SCRIPT = textwrap.dedent("""
         finally:
             done.set()
             replacer.join()
-        history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")
-        results["lost_node"] = {**lost, "val_steps": [m.step for m in history]}
+        client = MlflowClient(cfg.tracking.tracking_uri)
+        history, resumed = (client.get_metric_history(outcome.run_id, key) for key in ("val_loss", "resumed_from_step"))
+        results["lost_node"] = {**lost, "val_steps": [m.step for m in history],
+                                "resumed_from": [m.value for m in resumed]}
         json.dump(results, open(f"{out}/result.json", "w"))
 
     # shutdown_at_exit=False: nodes added from a thread cannot install signal handlers; the
@@ -98,6 +115,7 @@ def test_ddp_across_two_nodes_matches_one_worker_and_survives_losing_a_node(tmp_
     storage = f"{s3_bucket}/multinode-{tmp_path.name}"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(ROOT / "configs" / "demo.yaml"), storage],
                           capture_output=True, text=True, timeout=900)
+    (tmp_path / "output.log").write_text(proc.stdout + proc.stderr)  # for a failure's post-mortem
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["nodes"] == 2
@@ -111,6 +129,8 @@ def test_ddp_across_two_nodes_matches_one_worker_and_survives_losing_a_node(tmp_
     assert two[max(two)] < two[min(two)] - 0.5  # and both actually learn
     lost = result["lost_node"]
     assert lost.get("after_checkpoints", 0) >= 2, "the node was not removed during the run"
-    assert "resumed from step" in proc.stdout + proc.stderr  # from the last checkpoint on S3, not from scratch
+    # From a checkpoint on S3, not from scratch: the run's metrics record the restart.
+    assert lost["resumed_from"] and min(lost["resumed_from"]) >= 10, (lost, [
+        line for line in (proc.stdout + proc.stderr).splitlines() if "resumed" in line or "died" in line])
     # Every validation logged once, the last one at the end of the run.
     assert len(lost["val_steps"]) == len(set(lost["val_steps"])) and max(lost["val_steps"]) == 60

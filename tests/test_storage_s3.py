@@ -55,10 +55,18 @@ def _checkpoints(uri: str) -> set[str]:
     return {name.rsplit("/", 1)[0] for name in _objects(uri) if name.endswith(f"/{checkpoint.MODEL_FILE}")}
 
 
+def _registered(uri: str) -> bool:
+    """Whether Ray Train has registered a checkpoint under uri (its checkpoint manager's snapshot file).
+
+    Until then a restart has nothing to resume from: reports still queued on the workers die with them.
+    """
+    return any(name.endswith("/checkpoint_manager_snapshot.json") for name in _objects(uri))
+
+
 def _kill_a_worker_after(uri: str, checkpoints: int, killed: list, done: threading.Event) -> None:
-    """SIGKILL a Ray Train worker once `checkpoints` checkpoints are on storage (the first one registered by then)."""
+    """SIGKILL a Ray Train worker once `checkpoints` checkpoints are on storage and one of them is registered."""
     while not done.wait(0.5):
-        if len(_checkpoints(uri)) >= checkpoints:
+        if len(_checkpoints(uri)) >= checkpoints and _registered(uri):
             for proc in psutil.process_iter(["cmdline"]):
                 if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
                     proc.kill()  # no chance to clean up
@@ -86,9 +94,12 @@ def test_training_on_s3_survives_a_killed_worker_and_resumes_from_its_s3_checkpo
     assert outcome.checkpoint_path.removeprefix("s3://").startswith(prefix.removeprefix("s3://"))
     assert len(_checkpoints(f"{prefix}/runs")) >= 5  # one per validation (and any the killed attempt left)
     assert not any(tmp_path.glob("runs/*")), "a checkpoint went to local disk"
-    steps = [m.step for m in MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")]
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    steps = [m.step for m in client.get_metric_history(outcome.run_id, "val_loss")]
     # Every validation logged once: the restart went on from a checkpoint on S3, not from scratch.
     assert sorted(steps) == [6, 12, 18, 24, 30]
+    resumed = [m.value for m in client.get_metric_history(outcome.run_id, "resumed_from_step")]
+    assert len(resumed) == 1 and resumed[0] in (6, 12, 18, 24), resumed  # the run records its one restart
     # A rerun of the same command finds the finished run on S3 and trains no further.
     again = train(cfg)
     assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]

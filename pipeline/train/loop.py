@@ -76,6 +76,7 @@ class Replica:
         self.amp_dtype = _amp_dtype(self.train_cfg.amp, ctx.device)
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
         self.progress = Progress()
+        self.resumed_from: int | None = None  # the step restored from, logged once to MLflow with the next line
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
         self._restore()
         self.ddp_model = ctx.prepare_model(self.model)
@@ -110,6 +111,7 @@ class Replica:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
+        self.resumed_from = self.progress.step
         try:
             rng = checkpoint.load_rng(directory, self.ctx.world_rank)
         except Exception as err:  # a damaged RNG file only costs bit-exact resumption, not the run
@@ -308,6 +310,8 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
                            "train_seconds": progress.train_seconds, **replica.position_metrics(),
                            "time": time.time()}
+                if replica.resumed_from is not None:  # a restart shows in the run's metrics, not only in a log
+                    metrics["resumed_from_step"], replica.resumed_from = replica.resumed_from, None
                 if ctx.is_main:
                     remaining = (total - progress.step) / max(rate, 1e-9)
                     if train_cfg.time_budget_s:
