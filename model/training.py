@@ -5,8 +5,43 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+
+class _LabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy over [tokens, vocab] logits, forward and backward in few passes.
+
+    loss_i = lse_i - (1 - eps) x_i[t_i] - eps mean_j(x_ij), so d loss_i / d x_ij = softmax_ij - (1 - eps)[j = t_i]
+    - eps / V. Neither log-probabilities nor a one-hot are materialised, and the backward pass turns the
+    forward's exponentials into the gradient in place: on CPU each fresh [tokens, vocab] tensor costs
+    more than the arithmetic on it, and F.cross_entropy allocates four.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+        real = target != pad_id
+        target = target.masked_fill(~real, 0)  # any valid index; padded rows are weighted 0
+        shift = logits.amax(dim=-1, keepdim=True)
+        exp = torch.sub(logits, shift).exp_()
+        total = exp.sum(dim=-1)
+        lse = shift.squeeze(1) + total.log()
+        nll = lse - logits.gather(1, target[:, None]).squeeze(1)
+        smooth = lse - logits.mean(dim=-1)
+        loss = torch.where(real, (1.0 - epsilon) * nll + epsilon * smooth, 0.0).sum()
+        ctx.save_for_backward(total, target, real)
+        ctx.exp, ctx.epsilon = exp, epsilon  # an intermediate, consumed by the one backward pass
+        ctx.mark_non_differentiable(nll)
+        return loss, torch.where(real, nll, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
+        if ctx.exp is None:
+            raise RuntimeError("label_smoothed_cross_entropy supports one backward pass per forward")
+        total, target, real = ctx.saved_tensors
+        grad, ctx.exp = ctx.exp, None
+        weight = grad_loss * real  # d(sum of losses) / d loss_i
+        grad.mul_((weight / total)[:, None]).sub_((ctx.epsilon / grad.shape[-1] * weight)[:, None])
+        return grad.scatter_add_(1, target[:, None], ((ctx.epsilon - 1.0) * weight)[:, None]), None, None, None
 
 
 def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, pad_id: int,
@@ -14,18 +49,13 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
     """Summed label-smoothed loss, summed NLL (None unless compute_nll) and the non-pad token count (Sec. 5.4).
 
     Sums rather than means so that data-parallel workers can add them up and divide by the
-    global token count: every token weighs the same whatever batch it fell in. The NLL is a
-    second pass over the vocabulary, so training steps skip it.
+    global token count: every token weighs the same whatever batch it fell in. The NLL comes
+    almost free with the loss; compute_nll=False only leaves it out of the result.
     """
-    flat_logits = logits.reshape(-1, logits.shape[-1]).float()
     flat_target = target.reshape(-1)
-    loss = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id,
-                           label_smoothing=epsilon, reduction="sum")
-    with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum") \
-            if compute_nll else None
-        num_tokens = (flat_target != pad_id).sum()
-    return loss, nll, num_tokens
+    loss, nll = _LabelSmoothedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]).float(), flat_target,
+                                                 epsilon, pad_id)
+    return loss, nll if compute_nll else None, (flat_target != pad_id).sum()
 
 
 def transformer_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:

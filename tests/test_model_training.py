@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import (
     Transformer,
@@ -55,6 +56,24 @@ def test_warmup_schedule_drives_the_optimizer_by_equation_3():
         scheduler.step()
     with pytest.raises(ValueError, match="warmup_steps"):
         warmup_schedule(optimizer, d_model=64, warmup_steps=0)
+
+
+def test_label_smoothed_loss_and_its_gradient_equal_pytorchs_cross_entropy():
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(4, 7, 50)).requires_grad_()
+    target = torch.randint(4, 50, (4, 7))
+    target[2, 4:] = PAD
+    reference = logits.detach().clone().requires_grad_()
+    expected = F.cross_entropy(reference.view(-1, 50), target.view(-1), ignore_index=PAD, label_smoothing=0.1,
+                               reduction="sum")
+    (expected * 0.5).backward()
+    loss, nll, _ = label_smoothed_cross_entropy(logits, target, 0.1, PAD)
+    (loss * 0.5).backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(F.cross_entropy(reference.view(-1, 50), target.view(-1), ignore_index=PAD,
+                                                       reduction="sum").item(), rel=1e-5)
+    assert torch.allclose(logits.grad, reference.grad, atol=1e-6)
+    assert not logits.grad[2, 4:].any()  # padded positions get no gradient
 
 
 def test_label_smoothed_loss_ignores_padding_and_matches_its_definition():
