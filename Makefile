@@ -34,7 +34,9 @@ demo: setup
 data:
 	$(PYTHON) tools/get_multi30k.py
 
+# The peer benchmark needs Hugging Face transformers: the bench extra, installed here only.
 bench: setup
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	$(PY) benchmarks/run_all.py
 
 lint: setup

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["model_step.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py", "scale.py",
-           "prepare_files.py"]
+SCRIPTS = ["model_step.py", "peer_hf.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py",
+           "scale.py", "prepare_files.py"]
 
 
 def _flat(result: dict, prefix: str = "") -> list[tuple[str, object]]:

@@ -88,7 +88,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     scores = evaluate(cfg.tracking.tracking_uri, cfg.tracking.experiment, _model_uri(args, cfg), args.beam,
                       src_file=args.src, ref_file=args.ref, split=args.split, data_dir=args.data,
-                      device=args.device)
+                      device=args.device, engine=args.engine)
     print(f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
     print(f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})")
     print(f"BLEU lowercased, tokenized {scores['bleu_lc']:.2f}  ({scores['bleu_lc_signature']})")
@@ -97,12 +97,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
+    import tempfile
     from pathlib import Path
 
     from .common.devices import resolve_device
     from .data.textfiles import read_lines
-    from .serve.commands import translate
-    from .track import registry, tracking
+    from .serve.commands import load_engine, translate
+    from .track import tracking
 
     texts = list(args.text)
     if args.input:
@@ -115,9 +116,20 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device))
     cfg = _load(args)
     uri = tracking.connect(cfg.tracking.tracking_uri)
-    model = registry.load(uri, _model_uri(args, cfg), device=device)
-    for line in translate(model, texts, args.beam, progress=bool(args.input) or from_stdin):  # on stderr
-        print(line)
+    with tempfile.TemporaryDirectory() as workdir:
+        _, engine = load_engine(uri, _model_uri(args, cfg), args.engine, device, workdir)
+        for line in translate(engine, texts, args.beam, progress=bool(args.input) or from_stdin):  # on stderr
+            print(line)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .serve.commands import export
+
+    cfg = _load(args)
+    directory, version = export(cfg.tracking.tracking_uri, _model_uri(args, cfg), args.out, args.quantization)
+    attached = f"; attached to {version.name} version {version.version}" if version is not None else ""
+    print(f"CTranslate2 model ({args.quantization}) in {directory}{attached}")
     return 0
 
 
@@ -151,8 +163,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "demo": _cmd_demo, "config": _cmd_config,
-            "evaluate": _cmd_evaluate, "translate": _cmd_translate, "promote": _cmd_promote, "serve": _cmd_serve,
-            "submit": _cmd_submit}
+            "evaluate": _cmd_evaluate, "translate": _cmd_translate, "export": _cmd_export, "promote": _cmd_promote,
+            "serve": _cmd_serve, "submit": _cmd_submit}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -193,3 +193,28 @@ def test_a_model_uri_that_does_not_exist_is_a_clear_error(champion, capsys):
                  "--set", f"tracking.tracking_uri={champion.uri}"])
     err = capsys.readouterr().err
     assert code == 2 and "cannot load model 'models:/no-such-model@champion'" in err and "Traceback" not in err
+
+
+def test_export_attaches_a_ctranslate2_model_that_translate_and_evaluate_can_use(champion, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    settings = ["--set", f"tracking.tracking_uri={champion.uri}", "--set", f"tracking.experiment={champion.experiment}"]
+    model = f"models:/{champion.model_name}/{champion.version}"
+    client = MlflowClient(champion.uri)
+    code = main(["translate", "--model", model, "--engine", "ctranslate2", "a dog", *settings])
+    assert code == 2 and "has no CTranslate2 export: run `nmt export" in capsys.readouterr().err
+    try:
+        assert main(["export", "--model", model, "--quantization", "float32", "--out", str(tmp_path / "ct2"),
+                     *settings]) == 0
+        assert f"attached to {champion.model_name} version {champion.version}" in capsys.readouterr().out
+        assert client.get_model_version(champion.model_name, champion.version).tags["ctranslate2"] == "float32"
+        assert any(a.path == "ctranslate2/model.bin" for a in client.list_artifacts(champion.run_id, "ctranslate2"))
+        outputs = {}
+        for engine in ("ctranslate2", "pytorch"):  # greedy: the same network, so the same translations
+            assert main(["translate", "--model", model, "--engine", engine, "--beam", "1", *EXAMPLES, *settings]) == 0
+            outputs[engine] = capsys.readouterr().out.splitlines()
+        assert outputs["ctranslate2"] == outputs["pytorch"] and len(outputs["pytorch"]) == 2
+        assert main(["evaluate", "--model", model, "--split", "test", "--beam", "1", *settings]) == 0  # auto
+        version = client.get_model_version(champion.model_name, champion.version)
+        assert client.get_run(version.tags["test_eval_run"]).data.tags["engine"] == "ctranslate2"
+    finally:  # the other tests of the session translate the champion with PyTorch
+        client.delete_model_version_tag(champion.model_name, champion.version, "ctranslate2")

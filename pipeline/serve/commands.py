@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..common import log
 from ..common.devices import resolve_device
@@ -17,15 +20,57 @@ PROGRESS_EVERY_S = 5.0
 logger = log.get("translate")
 
 
-def translate(model, texts: list[str], beam_size: int, batch_size: int = 32, progress: bool = False) -> list[str]:
-    """Translations through the pyfunc's predict, batched, with progress lines (every few seconds) for long inputs."""
-    import pandas as pd
+ENGINES = ("auto", "pytorch", "ctranslate2")
+Engine = Callable[[list[str], int], list[str]]  # (texts, beam size) -> translations
 
+
+def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str) -> tuple[str, Engine]:
+    """(engine name, translate function) for a model: its packaged PyTorch model or its CTranslate2 export.
+
+    "auto" takes CTranslate2 when the package is installed and the model version has an export.
+    """
+    version = registry.model_version(uri, model_uri)
+    if engine != "pytorch":
+        has_ct2 = importlib.util.find_spec("ctranslate2") is not None
+        directory = registry.ctranslate2_export(uri, version, workdir) if has_ct2 or engine == "ctranslate2" else None
+        if directory is not None:
+            from ..text.ct2 import Ct2Translator
+
+            ct2 = Ct2Translator(directory, device="cuda" if device.startswith("cuda") else "cpu")
+            return "ctranslate2", lambda texts, beam: ct2.translate(texts, beam_size=beam)
+        if engine == "ctranslate2":
+            raise UserError(f"{model_uri} has no CTranslate2 export: run `nmt export --model {model_uri}` first "
+                            "(it needs a registered model version: models:/NAME/VERSION or models:/NAME@ALIAS)")
+    model = registry.load(uri, model_uri, device=device)
+
+    def predict(texts: list[str], beam: int) -> list[str]:
+        import pandas as pd
+
+        return model.predict(pd.DataFrame({"src": texts}), params={"beam_size": beam})["translation"].tolist()
+
+    return "pytorch", predict
+
+
+def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tuple[Path, Any]:
+    """`nmt export`: the model as a CTranslate2 directory, attached to its model version when it has one."""
+    from ..text.ct2 import export as export_ct2
+
+    uri = tracking.connect(tracking_uri)
+    version = registry.model_version(uri, model_uri)
+    translator = registry.load(uri, model_uri, device="cpu").unwrap_python_model().translator
+    directory = export_ct2(translator, out, quantization)
+    if version is not None:
+        registry.log_ctranslate2(uri, version, directory, quantization)
+    return directory, version
+
+
+def translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int = 32,
+              progress: bool = False) -> list[str]:
+    """Translations in batches, with progress lines (every few seconds) for long inputs."""
     out: list[str] = []
     started = last_line = time.perf_counter()
     for start in range(0, len(texts), batch_size):
-        batch = pd.DataFrame({"src": texts[start: start + batch_size]})
-        out.extend(model.predict(batch, params={"beam_size": beam_size})["translation"].tolist())
+        out.extend(engine(texts[start: start + batch_size], beam_size))
         now = time.perf_counter()
         if progress and (now - last_line >= PROGRESS_EVERY_S or len(out) == len(texts)):
             rate = len(out) / max(now - started, 1e-9)
@@ -49,7 +94,7 @@ def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], l
 
 def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int, src_file: str | None = None,
              ref_file: str | None = None, split: str | None = None, data_dir: str | None = None,
-             device: str = "auto") -> dict:
+             device: str = "auto", engine: str = "auto") -> dict:
     """Translate, score with sacreBLEU, log an evaluation run linked to the model version; returns the scores."""
     device = str(resolve_device(device))  # a bad --device fails before any work
     uri = tracking.connect(tracking_uri)
@@ -63,12 +108,14 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
         if len(sources) != len(references):
             raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}: "
                             f"they must pair line by line")
-    model = registry.load(uri, model_uri, device=device)
-    hypotheses = translate(model, sources, beam_size, progress=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        engine, translate_fn = load_engine(uri, model_uri, engine, device, workdir)
+        logger.info(f"translating {len(sources)} sentences with {engine} (beam {beam_size})")
+        hypotheses = translate(translate_fn, sources, beam_size, progress=True)
     check_counts(hypotheses, references)
     scores = score_with_signatures(hypotheses, references)
     label = split or Path(src_file).stem
-    tags = {"nmt.kind": "evaluation", "model_uri": model_uri, "evaluated_on": where}
+    tags = {"nmt.kind": "evaluation", "model_uri": model_uri, "evaluated_on": where, "engine": engine}
     if version is not None:
         tags.update({"registered_model": version.name, "model_version": str(version.version),
                      "source_run_id": version.run_id or ""})

@@ -155,3 +155,25 @@ def model_version(uri: str, model_uri: str) -> Any | None:
         return client.get_model_version(name, number) if number.isdigit() and name else None
     except MlflowException:
         return None
+
+
+CT2_ARTIFACTS = "ctranslate2"  # where an export sits among the artifacts of a version's run
+CT2_TAG = "ctranslate2"  # set on a model version that has an export; its value is the quantization
+
+
+def log_ctranslate2(uri: str, version: Any, directory: Path, quantization: str) -> None:
+    """Attach a CTranslate2 export to a model version: artifacts of its run, and a tag on the version."""
+    client = _client(uri)
+    client.log_artifacts(version.run_id, str(directory), CT2_ARTIFACTS)
+    client.set_model_version_tag(version.name, version.version, CT2_TAG, quantization)
+
+
+def ctranslate2_export(uri: str, version: Any, destination: str) -> Path | None:
+    """A local copy of the version's CTranslate2 export, or None when it has none."""
+    if version is None or CT2_TAG not in version.tags:
+        return None
+    import mlflow
+
+    _client(uri)
+    return Path(mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path=CT2_ARTIFACTS,
+                                                    dst_path=destination, tracking_uri=uri))

@@ -1,0 +1,173 @@
+"""CTranslate2, the inference engine OpenNMT and Marian models are served with: convert a Translator, translate.
+
+The conversion goes through CTranslate2's Python spec API, weight by weight, so no checkpoint format
+of another toolkit is involved. The converted directory holds CTranslate2's model.bin, its vocabularies
+and this project's SentencePiece model(s), and translates on its own with Ct2Translator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..common.errors import UserError
+from .tokenizer import BOS_ID, PAD_ID, Tokenizer
+from .translator import Translator
+
+QUANTIZATIONS = ("int8", "float32")
+MAX_LEN_OFFSET = 50  # as model.decoding: outputs up to the source length + 50 tokens
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("the CTranslate2 engine needs the ctranslate2 package: pip install -e '.[ct2]'") from None
+    return ctranslate2
+
+
+def _array(tensor) -> np.ndarray:
+    # A copy: numpy() shares the tensor's memory, and the spec's optimize() rewrites arrays in place.
+    return tensor.detach().cpu().float().numpy().copy()
+
+
+def _linear(spec, weight, bias=None) -> None:
+    spec.weight = _array(weight)
+    if bias is not None:
+        spec.bias = _array(bias)
+
+
+def _norm(spec, module) -> None:
+    spec.gamma, spec.beta = _array(module.weight), _array(module.bias)
+
+
+def _attention(spec, module, d_model: int, cross: bool) -> None:
+    """Our stacked W^Q,W^K,W^V: one fused linear for self-attention; queries apart from keys+values for cross."""
+    weight, bias = module.in_proj.weight, module.in_proj.bias
+    if cross:
+        _linear(spec.linear[0], weight[:d_model], bias[:d_model])
+        _linear(spec.linear[1], weight[d_model:], bias[d_model:])
+    else:
+        _linear(spec.linear[0], weight, bias)
+    _linear(spec.linear[-1], module.out_proj.weight, module.out_proj.bias)
+
+
+def _inputs(spec, embed) -> None:
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _array(embed.token_embedding.weight)
+    spec.scale_embeddings = True  # x sqrt(d_model), Sec. 3.4
+    positions = embed.positions
+    table = positions.table if hasattr(positions, "table") else positions.embedding.weight
+    spec.position_encodings.encodings = _array(table)
+
+
+def _spec(translator: Translator):
+    """A CTranslate2 TransformerSpec holding the translator's weights and vocabularies."""
+    _ctranslate2()  # a clear message when it is missing
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    model, cfg = translator.model, translator.model.cfg
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.norm_first,
+        activation=common_spec.Activation.RELU)
+    encoder, decoder = spec.encoder, spec.decoder
+    _inputs(encoder, model.encoder.embed)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, cfg.d_model, cross=False)
+        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.sublayer[1].norm)
+    _inputs(decoder, model.decoder.embed)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, cfg.d_model, cross=False)
+        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+        _attention(layer_spec.attention, layer.cross_attn, cfg.d_model, cross=True)
+        _norm(layer_spec.attention.layer_norm, layer.sublayer[1].norm)
+        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.sublayer[2].norm)
+    if cfg.norm_first:  # pre-norm stacks end in a layer norm of their own
+        _norm(encoder.layer_norm, model.encoder.norm)
+        _norm(decoder.layer_norm, model.decoder.norm)
+    _linear(decoder.projection, model.decoder.generator.weight)
+    tokenizer = translator.tokenizer
+    spec.register_source_vocabulary(_pieces(tokenizer.src))
+    spec.register_target_vocabulary(_pieces(tokenizer.tgt))
+    # Sources are fed without bos/eos and targets start from bos, as in training.
+    spec.config.add_source_bos = spec.config.add_source_eos = False
+    spec.config.decoder_start_token = spec.config.bos_token
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    return spec
+
+
+def _pieces(processor) -> list[str]:
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def export(translator: Translator, directory: str | Path, quantization: str = "int8") -> Path:
+    """Write the translator as a CTranslate2 model directory (written aside, then renamed into place)."""
+    if quantization not in QUANTIZATIONS:
+        raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    directory = Path(directory)
+    spec = _spec(translator)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        spec.save(str(partial))
+        translator.tokenizer.save(partial)
+        if directory.exists():
+            shutil.rmtree(directory)
+        partial.rename(directory)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return directory
+
+
+class Ct2Translator:
+    """Translations with a CTranslate2 model directory from export(): the same calls as Translator."""
+
+    def __init__(self, directory: str | Path, device: str = "cpu", beam_size: int = 4, alpha: float = 0.6,
+                 threads: int = 0):
+        ctranslate2 = _ctranslate2()
+        self.engine = ctranslate2.Translator(str(directory), device=device, intra_threads=threads)
+        self.tokenizer = Tokenizer.load(directory)
+        self.beam_size, self.alpha = beam_size, alpha
+
+    def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
+                  max_len: int | None = None, batch_size: int = 64) -> list[str]:
+        """Translations of texts, in order.
+
+        Outputs are limited as in model.decoding (source length + 50 tokens, or max_len), so sources are
+        decoded in groups of one length. CTranslate2 normalises beam scores by length ** alpha, not by
+        the GNMT penalty of model.decoding: beam outputs can differ from Translator's, greedy ones match.
+        """
+        tokenizer, src, tgt = self.tokenizer, self.tokenizer.src, self.tokenizer.tgt
+        ids = tokenizer.encode_src(list(texts))
+        outputs: list[list[int]] = [[] for _ in ids]  # an empty source translates to nothing, as in translate_ids
+        by_length = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
+        for length, group in itertools.groupby(by_length, key=lambda i: max_len or len(ids[i])):
+            rows = list(group)
+            results = self.engine.translate_batch(
+                [[src.id_to_piece(t) for t in ids[i]] for i in rows], max_batch_size=batch_size,
+                beam_size=beam_size or self.beam_size, length_penalty=self.alpha if alpha is None else alpha,
+                max_decoding_length=length if max_len else length + MAX_LEN_OFFSET,
+                # As model.decoding: eos may come first (an empty translation), bos and pad never come.
+                min_decoding_length=0, suppress_sequences=[[tgt.id_to_piece(i)] for i in (BOS_ID, PAD_ID)])
+            for i, result in zip(rows, results):
+                outputs[i] = [tgt.piece_to_id(p) for p in result.hypotheses[0]]
+        return tokenizer.decode_tgt(outputs)
+
+    def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probabilities of each target token (then eos) given its source, teacher-forced."""
+        src, tgt = self.tokenizer.src, self.tokenizer.tgt
+        results = self.engine.score_batch([[src.id_to_piece(i) for i in row] for row in sources],
+                                          [[tgt.id_to_piece(i) for i in row] for row in targets])
+        return [list(r.log_probs) for r in results]

@@ -1,0 +1,68 @@
+"""The CTranslate2 export: the same network weight by weight, so the same token probabilities and greedy outputs."""
+
+import numpy as np
+import pytest
+import torch
+
+from model import Transformer, TransformerConfig
+from pipeline.common.errors import UserError
+from pipeline.text.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from pipeline.text.translator import Translator
+
+ct2 = pytest.importorskip("pipeline.text.ct2")
+pytest.importorskip("ctranslate2")
+
+WORDS = "a small dog runs over the green grass while two men watch the big red ball".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(WORDS, 8)) for _ in range(300)]
+    return train_tokenizer(sentences, sentences, vocab_size=60, model_type="bpe")
+
+
+def _translator(tokenizer, **overrides) -> Translator:
+    cfg = TransformerConfig(vocab_size=tokenizer.src_vocab_size, d_model=32, d_ff=64, num_heads=4,
+                            num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_positions=128, **overrides)
+    torch.manual_seed(0)
+    return Translator(Transformer(cfg), tokenizer, device="cpu")
+
+
+@torch.no_grad()
+def _log_probs(translator: Translator, source: list[int], target: list[int]) -> list[float]:
+    """Our teacher-forced log-probabilities of target then eos."""
+    logits = translator.model(torch.tensor([source]), torch.tensor([[BOS_ID, *target]]))
+    return logits.log_softmax(-1)[0, torch.arange(len(target) + 1), torch.tensor([*target, EOS_ID])].tolist()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True, "positional_encoding": "learned"},
+                                       {"tie_embeddings": False}])
+def test_a_float32_export_scores_and_translates_like_the_pytorch_model(tokenizer, tmp_path, overrides):
+    translator = _translator(tokenizer, **overrides)
+    engine = ct2.Ct2Translator(ct2.export(translator, tmp_path / "ct2", "float32"), beam_size=1)
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(2, 9)))) for _ in range(12)]
+    sources, targets = tokenizer.encode_src(texts), tokenizer.encode_tgt(texts[::-1])
+    for source, target, scored in zip(sources, targets, engine.score(sources, targets)):
+        np.testing.assert_allclose(scored, _log_probs(translator, source, target), atol=1e-4)
+    # Greedy: the same outputs. (An untrained model's beams all run into the length limit, where the two
+    # searches rank unfinished hypotheses differently; tests/test_multi30k.py compares beams of a trained one.)
+    assert engine.translate(texts, max_len=12) == translator.translate(texts, beam_size=1, max_len=12)
+
+
+def test_the_export_leaves_the_model_unchanged_and_replaces_an_earlier_export(tokenizer, tmp_path):
+    translator = _translator(tokenizer)
+    before = {k: v.clone() for k, v in translator.model.state_dict().items()}
+    ct2.export(translator, tmp_path / "ct2", "float32")
+    directory = ct2.export(translator, tmp_path / "ct2", "int8")  # int8 quantizes the arrays it was given
+    assert all(torch.equal(before[k], v) for k, v in translator.model.state_dict().items())
+    assert {"model.bin", "spm.model"} <= {p.name for p in directory.iterdir()}
+    assert [p.name for p in tmp_path.iterdir()] == ["ct2"]  # nothing half-written left beside it
+    assert len(ct2.Ct2Translator(directory).translate(["a small dog"])) == 1
+
+
+def test_an_unknown_quantization_is_a_clear_error(tokenizer, tmp_path):
+    with pytest.raises(UserError, match="quantization must be one of int8, float32"):
+        ct2.export(_translator(tokenizer), tmp_path / "ct2", "int4")
+    assert not (tmp_path / "ct2").exists()
