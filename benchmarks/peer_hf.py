@@ -8,7 +8,8 @@ Both models get the same configuration (d_model 128, d_ff 256, 4 heads, 4+4 laye
   tokens per second.
 
 The two sides alternate in blocks so that machine noise hits both alike; the median of the rounds is kept.
-Prints one JSON object. Needs the benchmark extra (`pip install -e '.[bench]'`: transformers):
+CTranslate2 (int8 and float32 exports of our model, `pipeline/text/ct2.py`) decodes the same sources too.
+Prints one JSON object. Needs the benchmark extra (`pip install -e '.[bench,ct2]'`: transformers, ctranslate2):
 
     python benchmarks/peer_hf.py                 # 2 threads, as on the project's 2-core machine
     python benchmarks/peer_hf.py --rounds 5 --threads 8
@@ -20,8 +21,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -99,6 +102,33 @@ def hf_decode(model: nn.Module, batches: list[torch.Tensor], beam: int, length: 
     return time.perf_counter() - start, tokens
 
 
+def _token(i: int) -> str:
+    """A made-up vocabulary for CTranslate2, which takes tokens as strings: the specials, then t4, t5, ..."""
+    return {PAD: "<pad>", 1: "<unk>", BOS: "<s>", EOS: "</s>"}.get(i, f"t{i}")
+
+
+def ct2_engines(model: Transformer, threads: int, workdir: str) -> dict[str, object]:
+    """Our model exported to CTranslate2, int8 and float32, each loaded on the CPU with the given threads."""
+    import ctranslate2
+
+    from pipeline.text.ct2 import write_model
+
+    vocab = [_token(i) for i in range(model.cfg.vocab_size)]
+    return {q: ctranslate2.Translator(str(write_model(model, vocab, vocab, f"{workdir}/{q}", q)), intra_threads=threads)
+            for q in ("int8", "float32")}
+
+
+def ct2_decode(engine, batches: list[torch.Tensor], beam: int, length: int) -> tuple[float, int]:
+    """Seconds and generated tokens (eos counted) of CTranslate2 over the batches."""
+    start, tokens = time.perf_counter(), 0
+    for src in batches:
+        rows = [[_token(i) for i in row if i != PAD] for row in src.tolist()]
+        results = engine.translate_batch(rows, beam_size=beam, length_penalty=0.6, max_batch_size=len(rows),
+                                         min_decoding_length=length + 1, max_decoding_length=length + 1)
+        tokens += sum(min(len(r.hypotheses[0]) + 1, length + 1) for r in results)
+    return time.perf_counter() - start, tokens
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is kept")
@@ -122,28 +152,34 @@ def main(argv=None):
 
     measured: dict[str, list[float]] = {}
     lengths: dict[str, int] = {}
-    for _ in range(args.rounds):  # alternate so that machine noise hits both alike
-        for side, model in (("ours", ours), ("hf", hf)):
-            measured.setdefault(f"{side}_train", []).append(
-                train_throughput(model, train_batches, torch.float32, device))
-            decode = ours_decode if side == "ours" else hf_decode
+    workdir = tempfile.mkdtemp(prefix="peer-ct2-")
+    engines = ct2_engines(ours, args.threads, workdir)
+    sides = [("ours", ours, ours_decode), ("hf", hf, hf_decode),
+             *((f"ct2_{q}", engine, ct2_decode) for q, engine in engines.items())]
+    for _ in range(args.rounds):  # alternate so that machine noise hits every side alike
+        for side, model, decode in sides:
+            if side in ("ours", "hf"):
+                measured.setdefault(f"{side}_train", []).append(
+                    train_throughput(model, train_batches, torch.float32, device))
             for name, beam in (("beam5", 5), ("greedy", 1)):
                 seconds, tokens = decode(model, decode_batches, beam, args.length)
                 measured.setdefault(f"{side}_{name}", []).append(tokens / seconds)
                 lengths[f"{side}_{name}"] = tokens
+    shutil.rmtree(workdir, ignore_errors=True)
     median = {key: statistics.median(values) for key, values in measured.items()}
+    decoding = {f"{name}_tokens_per_s": {side: round(median[f"{side}_{name}"]) for side, _, _ in sides}
+                for name in ("beam5", "greedy")}
     result = {
         "benchmark": "peer_hf",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"{args.threads} threads",
         "parameters": ours.num_parameters(), "train_batch": args.batch, "sentences": args.sentences,
         "train_tokens_per_s": {"ours": round(median["ours_train"]), "hf": round(median["hf_train"])},
-        "beam5_tokens_per_s": {"ours": round(median["ours_beam5"]), "hf": round(median["hf_beam5"])},
-        "greedy_tokens_per_s": {"ours": round(median["ours_greedy"]), "hf": round(median["hf_greedy"])},
+        **decoding,
         "generated_tokens": lengths,
         "train_ratio": round(median["ours_train"] / median["hf_train"], 2),
-        "beam5_ratio": round(median["ours_beam5"] / median["hf_beam5"], 2),
-        "greedy_ratio": round(median["ours_greedy"] / median["hf_greedy"], 2),
+        **{f"{name}_ratio_{side}": round(median[f"{side}_{name}"] / median[f"hf_{name}"], 2)
+           for name in ("beam5", "greedy") for side, _, _ in sides if side != "hf"},
         "rounds": args.rounds,
     }
     print(json.dumps(result))

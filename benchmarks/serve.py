@@ -1,5 +1,8 @@
 """Served sentences/s of the Ray Serve translation service with dynamic batching versus batch size 1.
 
+With ctranslate2 installed, a third setting serves the same model's CTranslate2 int8 export (`nmt export`,
+serve.engine=ctranslate2) with dynamic batching, under the same load.
+
 Prints one JSON object. Builds a tiny Transformer (random weights: a trained one stops decoding
 sooner, so absolute numbers are pessimistic, the ratio is what counts) with a SentencePiece
 tokenizer trained on demo sentences, registers it in a temporary SQLite MLflow store, and serves
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import logging
 import os
@@ -134,10 +138,16 @@ def main() -> int:
         port = free_port()
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
-            for name, batch in (("batched", args.batch), ("batch_1", 1)):
+            settings = [("batched", args.batch, "pytorch"), ("batch_1", 1, "pytorch")]
+            if importlib.util.find_spec("ctranslate2") is not None:
+                from pipeline.serve.commands import export
+
+                export(uri, model_uri, str(Path(tmp) / "ct2"), "int8")  # attached to the version
+                settings.append(("batched_ctranslate2_int8", args.batch, "ctranslate2"))
+            for name, batch, engine in settings:
                 cfg = ServeConfig(model_uri=model_uri, max_batch_size=batch, batch_wait_timeout_s=args.wait,
                                   max_ongoing_requests=max(args.clients, batch) * 2,
-                                  max_queued_requests=args.clients * 4, request_timeout_s=120)
+                                  max_queued_requests=args.clients * 4, request_timeout_s=120, engine=engine)
                 serve.run(app_for(cfg, uri), name="bench", route_prefix="/")
                 load(port, sentences, args.clients, min(3.0, args.seconds), args.beam)  # warm-up, not counted
                 results[name] = load(port, sentences, args.clients, args.seconds, args.beam)
@@ -147,10 +157,15 @@ def main() -> int:
             serve.shutdown()
             ray.shutdown()
     speedup = results["batched"]["sentences_per_s"] / max(results["batch_1"]["sentences_per_s"], 1e-9)
+    ct2 = results.get("batched_ctranslate2_int8")
     print(json.dumps({
         "batched_sentences_per_s": results["batched"]["sentences_per_s"],
         "batch_1_sentences_per_s": results["batch_1"]["sentences_per_s"],
-        "speedup": round(speedup, 2), "max_batch_size": args.batch, "clients": args.clients, "beam_size": args.beam,
+        "speedup": round(speedup, 2),
+        **({"ctranslate2_int8_batched_sentences_per_s": ct2["sentences_per_s"],
+            "ctranslate2_over_pytorch_batched":
+                round(ct2["sentences_per_s"] / results["batched"]["sentences_per_s"], 2)}
+           if ct2 else {}), "max_batch_size": args.batch, "clients": args.clients, "beam_size": args.beam,
         "seconds_per_setting": args.seconds, "model": "random-init tiny (d_model 64, 1+1 layers, vocab 600)",
         "cpus": os.cpu_count(), "machine": platform.machine(), "details": results,
     }))

@@ -149,7 +149,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve.service import run
 
     cfg = _load(args)
-    for key, value in (("model_uri", args.model), ("port", args.port), ("host", args.host)):
+    for key, value in (("model_uri", args.model), ("port", args.port), ("host", args.host), ("engine", args.engine)):
         if value is not None:
             set_value(cfg, f"serve.{key}", value, where=f"--{key.split('_')[0]}")
     return run(cfg, address=args.address)

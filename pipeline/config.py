@@ -148,6 +148,7 @@ class ServeConfig:
     max_texts: int = 64  # sentences per request, more get 413
     max_chars: int = 1000  # characters per sentence, longer get 413
     num_gpus: float = 0.0  # GPUs per replica (1, or 0.5 to share one); 0: replicas decode on the CPU
+    engine: str = "auto"  # pytorch, ctranslate2 (the model's `nmt export`), or auto: ctranslate2 when both exist
 
 
 @dataclass
@@ -194,6 +195,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "tune.scheduler": ("asha", "fifo"),
     "tune.search": ("random", "grid", "optuna"),
     "tune.mode": ("max", "min"),
+    "serve.engine": ("auto", "pytorch", "ctranslate2"),
 }
 POSITIVE = {
     "data.max_len", "data.max_len_ratio", "data.vocab_size", "data.tokenizer_sample",

@@ -125,12 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
 
     serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",
-                    ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt/3 --host 0.0.0.0"],
+                    ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt/3 --host 0.0.0.0",
+                     "nmt serve --engine ctranslate2"],
                     parents=[address])
     _add_config_options(serve)
     serve.add_argument("--model", help="MLflow model URI (default: serve.model_uri, else the champion)")
     serve.add_argument("--port", type=int, help="HTTP port (default: serve.port, 8000)")
     serve.add_argument("--host", help="interface to listen on (default: serve.host, 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument("--engine", choices=("auto", "pytorch", "ctranslate2"),
+                       help="decoder (default: serve.engine, auto: CTranslate2 when installed and exported)")
 
     submit = command(
         "submit", "run an nmt command as a Ray Job on a cluster",

@@ -230,6 +230,7 @@ def test_healthz(service, champion):
     status, body = post(service, "GET", f"{PREFIX}/healthz")
     assert status == 200
     assert body["status"] == "ok" and body["model_version"] == champion.version
+    assert body["engine"] == "pytorch"  # auto, and the champion has no CTranslate2 export
 
 
 def test_parse_request_limits():

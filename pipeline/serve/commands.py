@@ -36,7 +36,8 @@ def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str
         if directory is not None:
             from ..text.ct2 import Ct2Translator
 
-            ct2 = Ct2Translator(directory, device="cuda" if device.startswith("cuda") else "cpu")
+            on_gpu = resolve_device(device).type == "cuda"
+            ct2 = Ct2Translator(directory, device="cuda" if on_gpu else "cpu")
             return "ctranslate2", lambda texts, beam: ct2.translate(texts, beam_size=beam)
         if engine == "ctranslate2":
             raise UserError(f"{model_uri} has no CTranslate2 export: run `nmt export --model {model_uri}` first "

@@ -101,13 +101,18 @@ class TranslationService:
     """One replica: a loaded pyfunc model; requests are split into sentences that @serve.batch regroups."""
 
     def __init__(self, model_uri: str, version: str, tracking_uri: str, max_batch_size: int,
-                 batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float):
-        from ..track import registry
+                 batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float,
+                 engine: str = "auto"):
+        import tempfile
+
+        from .commands import load_engine
 
         self.model_uri, self.version, self.tracking_uri = model_uri, version, tracking_uri
         self.max_texts, self.max_chars, self.request_timeout_s = max_texts, max_chars, request_timeout_s
-        # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU.
-        self.model = registry.load(tracking_uri, model_uri, device="auto")
+        # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU. A CTranslate2 model is
+        # read into memory when loaded, so its downloaded files can go.
+        with tempfile.TemporaryDirectory() as workdir:
+            self.engine, self._engine = load_engine(tracking_uri, model_uri, engine, "auto", workdir)
         self._translate_one.set_max_batch_size(max_batch_size)
         self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)
@@ -115,7 +120,7 @@ class TranslationService:
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
         """Liveness and the model served; a replica answers only after its model has loaded."""
-        return {"status": "ok", "model_uri": self.model_uri, "model_version": self.version,
+        return {"status": "ok", "model_uri": self.model_uri, "model_version": self.version, "engine": self.engine,
                 "mean_batch_size": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else None}
 
     @api.post("/translate")
@@ -152,10 +157,7 @@ class TranslationService:
         return out
 
     def _predict(self, texts: list[str], beam_size: int) -> list[str]:
-        import pandas as pd
-
-        frame = self.model.predict(pd.DataFrame({"src": texts}), params={"beam_size": beam_size})
-        return [str(t) for t in frame["translation"].tolist()]
+        return [str(t) for t in self._engine(texts, beam_size)]
 
 
 def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = TrackingConfig.registered_model):
@@ -173,7 +175,7 @@ def _bind(cfg: ServeConfig, tracking_uri: str, model_uri: str, version: str):
         backpressure_config={"status_code": 503, "retry_after_s": 1}, **gpus,
     )
     return deployment.bind(model_uri, version, tracking_uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
-                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s)
+                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s, cfg.engine)
 
 
 def build_app(args: dict[str, Any] | None = None):

@@ -10,10 +10,12 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from model import Transformer
 
 from ..common.errors import UserError
 from .tokenizer import BOS_ID, PAD_ID, Tokenizer
@@ -66,12 +68,12 @@ def _inputs(spec, embed) -> None:
     spec.position_encodings.encodings = _array(table)
 
 
-def _spec(translator: Translator):
-    """A CTranslate2 TransformerSpec holding the translator's weights and vocabularies."""
+def _spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]):
+    """A CTranslate2 TransformerSpec holding the model's weights and the vocabularies' tokens, by id."""
     _ctranslate2()  # a clear message when it is missing
     from ctranslate2.specs import common_spec, transformer_spec
 
-    model, cfg = translator.model, translator.model.cfg
+    cfg = model.cfg
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.norm_first,
         activation=common_spec.Activation.RELU)
@@ -96,9 +98,8 @@ def _spec(translator: Translator):
         _norm(encoder.layer_norm, model.encoder.norm)
         _norm(decoder.layer_norm, model.decoder.norm)
     _linear(decoder.projection, model.decoder.generator.weight)
-    tokenizer = translator.tokenizer
-    spec.register_source_vocabulary(_pieces(tokenizer.src))
-    spec.register_target_vocabulary(_pieces(tokenizer.tgt))
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
     # Sources are fed without bos/eos and targets start from bos, as in training.
     spec.config.add_source_bos = spec.config.add_source_eos = False
     spec.config.decoder_start_token = spec.config.bos_token
@@ -111,18 +112,27 @@ def _pieces(processor) -> list[str]:
 
 
 def export(translator: Translator, directory: str | Path, quantization: str = "int8") -> Path:
-    """Write the translator as a CTranslate2 model directory (written aside, then renamed into place)."""
+    """Write the translator as a CTranslate2 model directory, its SentencePiece model(s) included."""
+    tokenizer = translator.tokenizer
+    return write_model(translator.model, _pieces(tokenizer.src), _pieces(tokenizer.tgt), directory, quantization,
+                       also=tokenizer.save)
+
+
+def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], directory: str | Path,
+                quantization: str = "int8", also: Callable[[Path], object] | None = None) -> Path:
+    """The model as a CTranslate2 directory (also(dir) adds files), written aside, then renamed into place."""
     if quantization not in QUANTIZATIONS:
         raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     directory = Path(directory)
-    spec = _spec(translator)
+    spec = _spec(model, src_vocab, tgt_vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
     directory.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         spec.save(str(partial))
-        translator.tokenizer.save(partial)
+        if also is not None:
+            also(partial)
         if directory.exists():
             shutil.rmtree(directory)
         partial.rename(directory)
