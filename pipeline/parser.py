@@ -7,6 +7,8 @@ from importlib import metadata
 
 from .common.devices import CHOICES_HELP
 
+ENGINES = ("auto", "pytorch", "ctranslate2")  # decoders of translate, evaluate and serve (serve.engine)
+
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="experiment YAML file (see configs/)")
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     device_help = f"where to decode: {CHOICES_HELP} (default auto)"
     engine = argparse.ArgumentParser(add_help=False)
-    engine.add_argument("--engine", choices=("auto", "pytorch", "ctranslate2"), default="auto",
+    engine.add_argument("--engine", choices=ENGINES, default="auto",
                         help="decode with PyTorch or with the model's CTranslate2 export (`nmt export`); auto: "
                              "CTranslate2 when it is installed and the model version has an export (default auto)")
     model_help = "MLflow model URI (default: models:/NAME@champion, NAME from tracking.registered_model)"
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", help="MLflow model URI (default: serve.model_uri, else the champion)")
     serve.add_argument("--port", type=int, help="HTTP port (default: serve.port, 8000)")
     serve.add_argument("--host", help="interface to listen on (default: serve.host, 127.0.0.1; 0.0.0.0 for all)")
-    serve.add_argument("--engine", choices=("auto", "pytorch", "ctranslate2"),
+    serve.add_argument("--engine", choices=ENGINES,
                        help="decoder (default: serve.engine, auto: CTranslate2 when installed and exported)")
 
     submit = command(

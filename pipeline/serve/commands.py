@@ -20,7 +20,6 @@ PROGRESS_EVERY_S = 5.0
 logger = log.get("translate")
 
 
-ENGINES = ("auto", "pytorch", "ctranslate2")
 Engine = Callable[[list[str], int], list[str]]  # (texts, beam size) -> translations
 
 
