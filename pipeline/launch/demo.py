@@ -8,6 +8,7 @@ scored on the test split and asked for a few translations.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,9 +36,9 @@ def _banner(step: int, total: int, text: str) -> None:
 
 def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[str] | None = None) -> dict:
     """Prepare, sweep, register, evaluate, translate; returns the figures the summary shows."""
-    from ..serve.commands import evaluate, translate
+    from ..serve.commands import evaluate, load_engine, translate
     from ..track import tracking
-    from ..track.registry import champion_uri, load, model_version
+    from ..track.registry import champion_uri, model_version
     from ..tune.summary import format_trials
     from ..tune.sweep import sweep
 
@@ -63,7 +64,9 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     from ..serve.commands import split_texts
 
     sources, references, _ = split_texts(model_version(uri, model_uri), "test", None)
-    hypotheses = translate(load(uri, model_uri), sources[:5], cfg.train.beam_size)
+    with tempfile.TemporaryDirectory() as scratch:  # where a CTranslate2 export would be downloaded to
+        _, engine = load_engine(uri, model_uri, "auto", "auto", scratch)
+        hypotheses = translate(engine, sources[:5], cfg.train.beam_size)
     for src, ref, hyp in zip(sources, references, hypotheses):
         print(f"  en : {src}\n  de*: {ref}\n  out: {hyp}\n")
     minutes = (time.perf_counter() - started) / 60
