@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from model import Transformer
+from model.decoding import MAX_LEN_OFFSET  # outputs up to the source length + 50 tokens
 
 from ..common.errors import UserError
 from .tokenizer import BOS_ID, PAD_ID, Tokenizer
 from .translator import Translator
 
 QUANTIZATIONS = ("int8", "float32")
-MAX_LEN_OFFSET = 50  # as model.decoding: outputs up to the source length + 50 tokens
 
 
 def _ctranslate2():
