@@ -56,14 +56,13 @@ class MultiHeadAttention(nn.Module):
         """softmax(QK^T / sqrt(d_k)) V for every head, concatenated and projected by W^O."""
         dropout_p = self.attention_dropout if self.training else 0.0
         if self.store_attention:
-            heads = self._attend_with_weights(q, k, v, mask, is_causal)
+            weights = self._weights(q, k, mask, is_causal)
+            self.last_attention = weights.detach()
+            heads = weights @ v
         elif q.shape[-2] == 1 and q.device.type == "cpu" and not (dropout_p or is_causal):
             # A decoding step (one query): two small matmuls are faster on CPU than the fused
             # kernel, whose set-up per call dominates at this size.
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_k))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            heads = scores.softmax(dim=-1) @ v
+            heads = self._weights(q, k, mask, is_causal) @ v
         else:
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
@@ -71,19 +70,16 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = heads.shape
         return self.out_proj(heads.transpose(1, 2).reshape(batch, length, self.d_model))
 
-    def _attend_with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                             is_causal: bool) -> Tensor:
-        """The same attention computed explicitly, keeping the weights in last_attention."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # [batch, heads, len_q, len_k]
+    def _weights(self, q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        """softmax(QK^T / sqrt(d_k)) computed explicitly, [batch, heads, len_q, len_k]."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
         if is_causal:
             len_q, len_k = scores.shape[-2:]
             causal = torch.ones(len_q, len_k, dtype=torch.bool, device=q.device).tril()
             scores = scores.masked_fill(~causal, float("-inf"))
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        weights = scores.softmax(dim=-1)
-        self.last_attention = weights.detach()
-        return weights @ v
+        return scores.softmax(dim=-1)
 
 
 class PositionwiseFeedForward(nn.Module):

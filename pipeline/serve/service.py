@@ -98,7 +98,8 @@ def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
 @serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64)
 @serve.ingress(api)
 class TranslationService:
-    """One replica: a loaded pyfunc model; requests are split into sentences that @serve.batch regroups."""
+    """One replica: a loaded model (PyTorch or its CTranslate2 export); requests are split into sentences that
+    @serve.batch regroups."""
 
     def __init__(self, model_uri: str, version: str, tracking_uri: str, max_batch_size: int,
                  batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float,
