@@ -62,11 +62,15 @@ def _ours(head_pid: int, marker: str) -> set:
 
 
 def _stop_cluster(process, marker: str) -> list[int]:
-    """SIGTERM the head's process group (Ray drains up to 30 s), then SIGKILL what is left; returns survivors."""
+    """SIGTERM `ray start` (it drains the node, then stops its processes), then SIGKILL what is left; returns survivors."""
     import psutil
 
     tree = _ours(process.pid, marker)
-    stop_process(process, timeout_s=60)
+    # Not the whole process group at once: a GCS stopped first leaves the head waiting 30 s to drain through it.
+    process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(60)
+    stop_process(process, timeout_s=15)
     _, alive = psutil.wait_procs([p for p in tree if p.is_running()], timeout=10)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
