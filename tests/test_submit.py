@@ -62,7 +62,7 @@ def _ours(head_pid: int, marker: str) -> set:
 
 
 def _stop_cluster(process, marker: str) -> list[int]:
-    """SIGTERM `ray start` (it drains the node, then stops its processes), then SIGKILL what is left; returns survivors."""
+    """SIGTERM `ray start` (it drains the node, stops its processes), then SIGKILL what is left; returns survivors."""
     import psutil
 
     tree = _ours(process.pid, marker)
