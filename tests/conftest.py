@@ -121,6 +121,12 @@ os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="testing", AWS
 for _name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
     os.environ.pop(_name, None)
 
+# Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to 2 s
+# before shutting down, and then again for the worker group to stop. The suite runs about 40 short
+# fits; polling every 0.2 s saves about 2 s on each (measured: fit 14.5 -> 12.5 s). Like the S3
+# settings, every Ray instance and subprocess of the session inherits it.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
 
 @pytest.fixture(scope="session")
 def s3_bucket():
