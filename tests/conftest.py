@@ -270,7 +270,7 @@ def champion(ray_session, mlflow_server, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("champion")
     cfg = small_config(workdir, "train.epochs=2", "train.average_last=2", "tracking.experiment=nmt-tests",
-                       "tracking.system_metrics_s=2", tracking_uri=mlflow_server.uri)
+                       "tracking.system_metrics_s=0.5", tracking_uri=mlflow_server.uri)
     outcome = train(cfg)
     assert outcome.registered is not None and outcome.registered.champion
     client = MlflowClient(mlflow_server.uri)

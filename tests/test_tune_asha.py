@@ -1,6 +1,7 @@
 """ASHA in a real sweep, logged through an MLflow server that requires a login: early stops, MLflow
 parent/child runs, the best trial registered as champion, and trials that log with the driver's login."""
 
+import logging
 import math
 import types
 
@@ -28,9 +29,16 @@ def asha_sweep(ray_session, mlflow_auth_server, tmp_path_factory):
                        "tracking.registered_model=tune-tests", tracking_uri=mlflow_auth_server.uri)
     login = {"MLFLOW_TRACKING_USERNAME": mlflow_auth_server.user,
              "MLFLOW_TRACKING_PASSWORD": mlflow_auth_server.password}
-    with environment(**login):
-        outcome = sweep(cfg, str(tmp_path / "space.yaml"))
-    return types.SimpleNamespace(cfg=cfg, outcome=outcome, login=login, uri=mlflow_auth_server.uri)
+    lines = []  # what the sweep logs: one line per trial start and end
+    collect = logging.Handler()
+    collect.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("pipeline").addHandler(collect)
+    try:
+        with environment(**login):
+            outcome = sweep(cfg, str(tmp_path / "space.yaml"))
+    finally:
+        logging.getLogger("pipeline").removeHandler(collect)
+    return types.SimpleNamespace(cfg=cfg, outcome=outcome, login=login, uri=mlflow_auth_server.uri, lines=lines)
 
 
 def _runs(asha_sweep):
@@ -47,6 +55,12 @@ def test_sweep_stops_trials_early_tracks_parent_and_children_and_registers_the_b
     assert len(outcome.trials) == 4 and not by_status.get("REJECTED")
     assert by_status.get("STOPPED_EARLY"), [(t["params"], t["status"], t["steps"]) for t in outcome.trials]
     assert all(t["steps"] < 160 for t in by_status["STOPPED_EARLY"])
+    # The sweep says so as it goes, one line per trial start and end, in place of Tune's status tables.
+    for trial in outcome.trials:
+        assert f"trial {trial['trial_id']} started: lr_scale " in "\n".join(asha_sweep.lines)
+        early = " (stopped early)" if trial["status"] == "STOPPED_EARLY" else ""
+        assert any(line.startswith(f"trial {trial['trial_id']} ended at update {trial['steps']}{early}: val_bleu ")
+                   for line in asha_sweep.lines), asha_sweep.lines
     # The champion is the trial with the best val_bleu.
     valid = [t for t in outcome.trials if not math.isnan(t["val_bleu"]) and t["checkpoint_path"]]
     best = max(valid, key=lambda t: t["val_bleu"])

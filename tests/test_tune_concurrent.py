@@ -33,6 +33,10 @@ def test_two_sweeps_on_one_sqlite_store_at_once_both_complete(ray_session, tmp_p
     for name, proc in procs.items():
         assert proc.returncode == 0, f"sweep {name}:\n{logs[name][-4000:]}"
         assert "database is locked" not in logs[name], logs[name][-4000:]
+        # One line per trial start and end, no Tune status tables, no colour codes off a terminal.
+        assert "[tune] trial " in logs[name] and " ended at update 40: val_bleu " in logs[name], logs[name][-4000:]
+        assert "Trial status" not in logs[name] and "\x1b[" not in logs[name], logs[name][-4000:]
+        assert "INFO mlflow" not in logs[name] and "Downloading artifacts" not in logs[name], logs[name][-4000:]
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("shared")

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-MAX_STEPS = 100
+MAX_STEPS = 140
 
 
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
@@ -24,7 +24,10 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
                  "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
-                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
+                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100",
+                 # Batches twice the small config's: a validation window of 40 updates lasts a few
+                 # seconds, long enough to stop the command inside it.
+                 "train.max_tokens=4096"]:
         command += ["--set", item]
     client = MlflowClient(uri)
 
@@ -45,7 +48,7 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
         try:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and proc.poll() is None and not ready(trial_runs()):
-                time.sleep(1)
+                time.sleep(0.25)
             assert proc.poll() is None, log_path.read_text()[-3000:]
             assert ready(trial_runs()), f"no stop point within the deadline:\n{log_path.read_text()[-3000:]}"
             os.killpg(proc.pid, sig)  # Ctrl-C in a terminal (SIGINT), or a lost machine (SIGKILL)
@@ -60,7 +63,7 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
         return max(steps(run.info.run_id, "val_bleu"), default=0)
 
     def finished_and_early(runs):
-        """A finished trial, and one validated (so checkpointed) at most twice of five."""
+        """A finished trial, and one validated (so checkpointed) at most twice of seven."""
         return (any(r.info.status == "FINISHED" for r in runs)
                 and any(r.info.status == "RUNNING" and 0 < validated(r) <= 40 for r in runs))
 

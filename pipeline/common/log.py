@@ -7,6 +7,7 @@ Modules log through `get(stage)` (a logger named `pipeline.<stage>`); nothing is
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 ROOT = "pipeline"
@@ -59,6 +60,22 @@ def setup(level: int = logging.INFO, process_stderr: bool = False) -> None:
         handler = _StderrHandler(process_stderr)
         handler.setFormatter(_Formatter())
         root.addHandler(handler)
+
+
+# Read when each library starts (so set before importing Ray or MLflow); Ray workers of a local
+# instance inherit them.
+QUIET = {
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # no "Creating initial MLflow database tables", "Validating input example"
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "RAY_AIR_NEW_OUTPUT": "0",  # Tune's legacy reporter, silent at verbose=0 (the new one still prints a box)
+    "RAY_DEDUP_LOGS": "0",  # dedup folds concurrent trials' progress lines into "[repeated 3x across cluster]"
+}
+
+
+def quiet_libraries() -> None:
+    """Keep MLflow's INFO lines, progress bars and Tune's tables out of a command's output (`nmt -v` keeps them)."""
+    for name, value in QUIET.items():
+        os.environ.setdefault(name, value)
 
 
 def level() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import sys
 import time
 
@@ -113,6 +114,8 @@ def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> d
     import ray
 
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
+    if log.level() > logging.DEBUG:  # Ray Data's INFO lines (execution plan, "finished in") with `nmt -v` only
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     plan = plan_blocks(source.counts, cfg.num_shards, num_cpus)
     settings = encode_settings(tokenizer, cfg)

@@ -43,7 +43,9 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         device = (context.model_config or {}).get("device", "auto")  # load_model(..., model_config={"device": ...})
         self.translator = Translator.from_files(context.artifacts["translator"], device=device)
 
-    def predict(self, context, model_input, params: dict | None = None) -> pd.DataFrame:
+    # The DataFrame hint tells MLflow to validate nothing beyond the signature (it warns on every load
+    # without a hint); called directly, predict takes a list of strings or one string as well.
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """A `translation` column, one row per source sentence; params beam_size, max_len (0: src + 50)."""
         params = params or {}
         beam_size, max_len = int(params.get("beam_size") or 4), int(params.get("max_len") or 0)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..common import checkpoint, storage
+from ..common import checkpoint, log, storage
 from ..config import Config
 from ..track import tracking
 from .search_space import apply
@@ -133,6 +133,36 @@ def format_trials(outcome) -> str:
                      + (" (champion)" if registered.champion else " (champion unchanged)"))
     lines.append(f"sweep {outcome.name}: MLflow parent run {outcome.parent_run_id}; results in {outcome.path}")
     return "\n".join(lines)
+
+
+def trial_lines(max_steps: int):
+    """A Tune callback that logs one line when a trial starts and one when it ends, instead of Tune's tables."""
+    from ray import tune
+
+    logger = log.get("tune")
+
+    def params(trial) -> str:
+        return ", ".join(f"{k.split('.')[-1]} {_short(v)}" for k, v in trial.config.items())
+
+    class TrialLines(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            logger.info(f"trial {trial.trial_id} started: {params(trial)}")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            result = trial.last_result or {}
+            if "rejected" in result:
+                logger.info(f"trial {trial.trial_id} rejected: {result['rejected']}")
+                return
+            step = result.get("step", 0)
+            early = " (stopped early)" if max_steps and step < max_steps else ""
+            done = 1 + sum(t.status in ("TERMINATED", "ERROR") for t in trials if t is not trial)
+            logger.info(f"trial {trial.trial_id} ended at update {step}{early}: val_bleu "
+                        f"{result.get('val_bleu', float('nan')):.2f} ({done} of {len(trials)} trials done)")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            logger.warning(f"trial {trial.trial_id} failed ({params(trial)}); its error is in {trial.local_path}")
+
+    return TrialLines()
 
 
 def _short(value) -> str:

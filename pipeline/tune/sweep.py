@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -23,7 +24,7 @@ from ..track.publish import dataset_inputs, publish
 from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
 from .search_space import apply, grid_size, largest, load_space, to_tune
-from .summary import SweepOutcome, best_trial, log_summary, summarize
+from .summary import SweepOutcome, best_trial, log_summary, summarize, trial_lines
 
 logger = log.get("tune")
 
@@ -191,7 +192,9 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
             tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
                                         scheduler=_scheduler(cfg, space), search_alg=search_alg,
                                         max_concurrent_trials=max_concurrent(cfg)),
-            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
+            # Tune's status tables only with `nmt -v`; by default one line per trial start and end.
+            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=int(log.level() <= logging.DEBUG),
+                                      callbacks=[trial_lines(cfg.train.max_steps)]),
         )
     with tracked_fit(uri, parent) as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
         results = tuner.fit()
