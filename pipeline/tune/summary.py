@@ -157,7 +157,7 @@ def trial_lines(max_steps: int):
             early = " (stopped early)" if max_steps and step < max_steps else ""
             done = 1 + sum(t.status in ("TERMINATED", "ERROR") for t in trials if t is not trial)
             logger.info(f"trial {trial.trial_id} ended at update {step}{early}: val_bleu "
-                        f"{result.get('val_bleu', float('nan')):.2f} ({done} of {len(trials)} trials done)")
+                        f"{result.get('val_bleu', float('nan')):.2f} ({done} finished so far)")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             logger.warning(f"trial {trial.trial_id} failed ({params(trial)}); its error is in {trial.local_path}")
