@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `nmt` and `python -m pipeline`; returns the exit status."""
     args = build_parser().parse_args(argv)
     log.setup(log.LEVELS[args.verbosity])
-    if args.verbosity <= 0:
-        log.quiet_libraries()
+    log.configure_libraries()
     try:
         return HANDLERS[args.command](args)
     except UserError as err:

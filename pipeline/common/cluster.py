@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 
 from ..config import Config
@@ -19,11 +18,8 @@ def ensure_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
-    # Ray's own INFO lines drown our progress output; warnings and errors still show.
-    quiet = log.level() > logging.DEBUG  # `nmt -v` shows Ray's INFO lines too
-    if not sys.stderr.isatty():  # colour the "(worker pid=...)" prefixes of forwarded lines on a terminal only
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    ray.init(address=address, logging_level=logging.WARNING if quiet else logging.INFO, log_to_driver=True)
+    # Ray's own INFO lines drown our progress output; warnings and errors still show (`nmt -v`: all).
+    ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING, log_to_driver=True)
 
 
 def state_api_problem() -> str | None:

@@ -63,7 +63,7 @@ def setup(level: int = logging.INFO, process_stderr: bool = False) -> None:
 
 
 # Read when each library starts (so set before importing Ray or MLflow); Ray workers of a local
-# instance inherit them.
+# instance inherit them. Set unless `nmt -v`.
 QUIET = {
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # no "Creating initial MLflow database tables", "Validating input example"
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
@@ -72,12 +72,20 @@ QUIET = {
 }
 
 
-def quiet_libraries() -> None:
-    """Keep MLflow's INFO lines, progress bars and Tune's tables out of a command's output (`nmt -v` keeps them)."""
-    for name, value in QUIET.items():
-        os.environ.setdefault(name, value)
+def configure_libraries() -> None:
+    """Ray's and MLflow's output as a command wants it: colour on a terminal only, their chatter with `-v` only."""
+    if not sys.stderr.isatty():  # the "(worker pid=...)" prefixes of forwarded lines
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not verbose():
+        for name, value in QUIET.items():
+            os.environ.setdefault(name, value)
 
 
 def level() -> int:
     """The pipeline's current level, for passing on to worker processes."""
     return logging.getLogger(ROOT).getEffectiveLevel()
+
+
+def verbose() -> bool:
+    """Whether `nmt -v` asked for everything, the libraries' own INFO lines and tables included."""
+    return level() <= logging.DEBUG

@@ -114,7 +114,7 @@ def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> d
     import ray
 
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
-    if log.level() > logging.DEBUG:  # Ray Data's INFO lines (execution plan, "finished in") with `nmt -v` only
+    if not log.verbose():  # Ray Data's INFO lines (execution plan, "finished in") with `nmt -v` only
         logging.getLogger("ray.data").setLevel(logging.WARNING)
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     plan = plan_blocks(source.counts, cfg.num_shards, num_cpus)

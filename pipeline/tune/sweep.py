@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import signal
 import threading
@@ -193,7 +192,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                                         scheduler=_scheduler(cfg, space), search_alg=search_alg,
                                         max_concurrent_trials=max_concurrent(cfg)),
             # Tune's status tables only with `nmt -v`; by default one line per trial start and end.
-            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=int(log.level() <= logging.DEBUG),
+            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=int(log.verbose()),
                                       callbacks=[trial_lines(cfg.train.max_steps)]),
         )
     with tracked_fit(uri, parent) as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
