@@ -40,7 +40,7 @@ bench: setup
 	$(PY) benchmarks/run_all.py
 
 lint: setup
-	$(VENV)/bin/ruff check model pipeline tests benchmarks
+	$(VENV)/bin/ruff check model pipeline tests benchmarks tools
 
 # Headless Chromium + chromedriver for tests/test_mlflow_ui.py (Debian/Ubuntu; needs root or sudo).
 # Deliberately NOT a prerequisite of setup or test, so `make setup` works without root: outside CI

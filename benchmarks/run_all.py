@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -11,6 +12,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+from benchmark_table import write_table  # noqa: E402
+
 SCRIPTS = ["model_step.py", "peer_hf.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py",
            "scale.py", "prepare_files.py"]
 
@@ -36,12 +40,26 @@ def _table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _write(results: dict[str, dict]) -> None:
+    """results.json and results.md (each via a temporary file, then renamed), and docs/benchmarks.md's table."""
+    for name, text in (("results.json", json.dumps(results, indent=2) + "\n"), ("results.md", _table(results))):
+        partial = HERE / f"{name}.tmp"
+        partial.write_text(text)
+        partial.replace(HERE / name)
+    write_table()
+
+
 def main() -> int:
-    """Run the scripts one after another (they would disturb each other's timings in parallel)."""
-    if sys.argv[1:] == ["--table"]:  # only rewrite results.md from results.json
-        (HERE / "results.md").write_text(_table(json.loads((HERE / "results.json").read_text())))
+    """Run the scripts one after another (they would disturb each other's timings in parallel).
+
+    With script names, only those run. Each script's entry replaces its earlier one in results.json
+    (dated, so a script that failed keeps its last figures under their own date).
+    """
+    if sys.argv[1:] == ["--table"]:  # only rewrite results.md and the docs' table from results.json
+        _write(json.loads((HERE / "results.json").read_text()))
         return 0
-    results, failed = {}, []
+    results = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
+    failed = []
     for script in sys.argv[1:] or SCRIPTS:
         print(f"[bench] {script} ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
@@ -51,10 +69,9 @@ def main() -> int:
             failed.append(script)
             print(proc.stderr[-2000:], file=sys.stderr)
             continue
-        results[script.removesuffix(".py")] = json.loads(lines[-1])
+        results[script.removesuffix(".py")] = {**json.loads(lines[-1]), "date": datetime.date.today().isoformat()}
         print(f"[bench] {script} done in {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
-    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (HERE / "results.md").write_text(_table(results))
+    _write(results)
     print(_table(results))
     if failed:
         print(f"[bench] failed: {', '.join(failed)}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 import argparse
 import itertools
+import json
 import re
 import shlex
 import sys
@@ -14,6 +15,7 @@ from pipeline.parser import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import benchmark_table  # noqa: E402
 from config_reference import END, START, reference_markdown  # noqa: E402
 
 # The front page and the docs it links to: their commands and paths are checked alike.
@@ -49,6 +51,17 @@ def test_config_reference_is_the_generated_table_and_names_every_key():
     rows = [re.split(r"(?<!\\)\|", line) for line in block.splitlines() if line.startswith("| `")]
     unexplained = [cells[1].strip() for cells in rows if not cells[3].strip()]
     assert not unexplained, f"keys without a meaning (add a trailing # comment in pipeline/config.py): {unexplained}"
+
+
+def test_the_benchmark_table_is_generated_from_results_json():
+    # Every headline figure has one source: a hand edit of the table, or a results.json that
+    # changed without it, fails here.
+    page = benchmark_table.PAGE.read_text(encoding="utf-8")
+    block = page.split(benchmark_table.START, 1)[1].split(benchmark_table.END, 1)[0]
+    results = json.loads(benchmark_table.RESULTS.read_text(encoding="utf-8"))
+    assert block.strip() == benchmark_table.headline_markdown(results).strip(), \
+        "docs/benchmarks.md's table is out of date; regenerate it: .venv/bin/python tools/benchmark_table.py --write"
+    assert block.count("\n| `") == len(benchmark_table.HEADLINES), "a headline's benchmark is missing from results.json"
 
 
 def test_every_nmt_subcommand_in_the_readme_exists():

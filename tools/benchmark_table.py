@@ -1,0 +1,96 @@
+"""docs/benchmarks.md's headline table, generated from benchmarks/results.json: every figure has one source.
+
+    python tools/benchmark_table.py          # print the markdown table
+    python tools/benchmark_table.py --write  # replace the block between docs/benchmarks.md's markers
+
+`make bench` (benchmarks/run_all.py) writes it after each run; tests/test_readme.py checks that
+docs/benchmarks.md holds exactly this output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results.json"
+PAGE = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- benchmark-table:start -->", "<!-- benchmark-table:end -->"
+
+# One row per headline: the script, what it measures, then ours, the baseline of the same run and
+# the ratio, each a str.format template over results.json ({script[key][subkey]}).
+HEADLINES = [
+    ("model_step", "training step, tiny preset, target tokens/s",
+     "{model_step[train_tokens_per_s]:,.0f}",
+     "`nn.Transformer` of the same size: {model_step[nn_transformer_tokens_per_s]:,.0f}",
+     "{model_step[train_speed_ratio]:.2f}x"),
+    ("model_step", "greedy decoding, base preset, sentences/s",
+     "cached: {model_step[decode][base][sentences_per_s_cached]:.1f}",
+     "uncached: {model_step[decode][base][sentences_per_s_uncached]:.1f}",
+     "{model_step[decode][base][cache_speedup]:.1f}x"),
+    ("peer_hf", "training at identical size, target tokens/s",
+     "{peer_hf[train_tokens_per_s][ours]:,}", "HF MarianMT: {peer_hf[train_tokens_per_s][hf]:,}",
+     "{peer_hf[train_ratio]:.2f}x"),
+    ("peer_hf", "beam 5 at identical size, generated tokens/s",
+     "{peer_hf[beam5_tokens_per_s][ours]:,}; CTranslate2 int8: {peer_hf[beam5_tokens_per_s][ct2_int8]:,}",
+     "HF MarianMT: {peer_hf[beam5_tokens_per_s][hf]:,}",
+     "{peer_hf[beam5_ratio_ours]:.2f}x; {peer_hf[beam5_ratio_ct2_int8]:.2f}x"),
+    ("peer_hf", "greedy at identical size, generated tokens/s",
+     "{peer_hf[greedy_tokens_per_s][ours]:,}; CTranslate2 int8: {peer_hf[greedy_tokens_per_s][ct2_int8]:,}",
+     "HF MarianMT: {peer_hf[greedy_tokens_per_s][hf]:,}",
+     "{peer_hf[greedy_ratio_ours]:.2f}x; {peer_hf[greedy_ratio_ct2_int8]:.2f}x"),
+    ("batching", "padding efficiency on Multi30k at `max_tokens` 4096",
+     "token-budget batches: {batching[token_budget][padding_efficiency]:.3f}",
+     "random batches: {batching[random][padding_efficiency]:.3f}",
+     "{batching[padded_tokens_saved]:.0%} fewer tokens to compute"),
+    ("prepare", "Ray Data preparation, Multi30k train x 32 (930k pairs), pairs/s",
+     "{prepare[repeat_32][ray][rows_per_s]:,}",
+     "the same task function in one process: {prepare[repeat_32][single_process][rows_per_s]:,}",
+     "{prepare[repeat_32][speedup]:.2f}x best, {prepare[repeat_32][speedup_median_of_pairs]:.2f}x median of pairs"),
+    ("train_overhead", "training loop under Ray Train, 1 worker, tokens/s",
+     "{train_overhead[ray_1_worker][tokens_per_s]:,.0f}", "bare process: {train_overhead[bare][tokens_per_s]:,.0f}",
+     "{train_overhead[ratios][ray_1_worker_over_bare]:.2f}x"),
+    ("train_overhead", "2 workers on 2 cores, tokens/s",
+     "{train_overhead[ray_2_workers][tokens_per_s]:,.0f}",
+     "1 worker: {train_overhead[ray_1_worker][tokens_per_s]:,.0f}",
+     "{train_overhead[ratios][ray_2_workers_over_ray_1_worker]:.2f}x"),
+    ("tune_asha", "updates a sweep spends",
+     "ASHA: {tune_asha[asha_updates]:,} (kept a {tune_asha[asha_pick_val_bleu_full]:.1f}-BLEU config)",
+     "every trial to the end: {tune_asha[fifo_updates]:,} (best {tune_asha[best_val_bleu_full]:.1f})",
+     "{tune_asha[asha_over_fifo_updates]:.2f}x"),
+    ("serve", "translation service at 16 clients, sentences/s",
+     "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
+     "CTranslate2 int8: {serve[ctranslate2_int8_batched_sentences_per_s]:.1f}",
+     "batch size 1: {serve[batch_1_sentences_per_s]:.1f}",
+     "{serve[speedup]:.1f}x; CTranslate2 {serve[ctranslate2_over_pytorch_batched]:.2f}x PyTorch batched"),
+]
+
+
+def headline_markdown(results: dict) -> str:
+    """The headline rows whose benchmark is in results, as one markdown table."""
+    lines = ["| benchmark (run on) | measure | ours | baseline in the same run | ratio |", "|---|---|---|---|---|"]
+    for script, measure, *cells in HEADLINES:
+        if script in results:
+            day = results[script].get("date", "date not recorded")
+            figures = " | ".join(cell.format(**results) for cell in cells)
+            lines.append(f"| `{script}.py` ({day}) | {measure} | {figures} |")
+    return "\n".join(lines)
+
+
+def write_table(page: Path = PAGE, results: Path = RESULTS) -> None:
+    """Put the table generated from results between the page's markers (temporary file, then rename)."""
+    text = page.read_text(encoding="utf-8")
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    table = headline_markdown(json.loads(results.read_text(encoding="utf-8")))
+    partial = page.with_suffix(".md.tmp")
+    partial.write_text(f"{head}{START}\n{table}\n{END}{tail}", encoding="utf-8")
+    partial.replace(page)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        write_table()
+    else:
+        print(headline_markdown(json.loads(RESULTS.read_text(encoding="utf-8"))))
