@@ -63,3 +63,21 @@ def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_s
         metric_logger.log({"step": 10, "train_loss": 0.5, tracking.FINAL_KEY: True})
         assert time.monotonic() - start >= 3.0  # the last one retried for FINAL_WAIT_S
     assert "did not answer within 3s after training: 2 metric values were not logged" in caplog.text
+
+
+def test_a_run_made_by_mlflow_run_becomes_the_commands_run_keeping_its_source_tags(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    made = client.create_run(client.create_experiment("project"), tags={
+        "mlflow.source.name": "file:///repo", "mlflow.source.type": "PROJECT"}).info.run_id
+    run_id = tracking.start_run(uri, "project", "train-1", {"model.d_model": 64}, {"data_manifest": "abc"},
+                                source="nmt train", adopt_run_id=made)
+    run = client.get_run(run_id)
+    assert run_id == made and run.data.params == {"model.d_model": "64"}
+    assert run.data.tags["mlflow.source.name"] == "file:///repo"  # the maker's, not "nmt train"
+    assert run.data.tags[tracking.RUN_NAME_TAG] == "train-1" and run.data.tags["data_manifest"] == "abc"
+    # A run id of another store cannot be adopted: the command makes its own run and says so.
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        other = tracking.start_run(uri, "project", "train-2", {}, {}, adopt_run_id="0" * 32)
+    assert other not in (made, "0" * 32) and "MLFLOW_RUN_ID" in caplog.text
+    assert client.get_run(other).data.tags["mlflow.source.name"] == "nmt"

@@ -167,12 +167,15 @@ def standard_tags(source: str) -> dict[str, str]:
 
 
 def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
-              parent_run_id: str | None = None, source: str = "nmt") -> str:
+              parent_run_id: str | None = None, source: str = "nmt", adopt_run_id: str | None = None) -> str:
     """The id of the MLflow run for run_name: the existing one when resuming, else a new one.
 
     `source` is the command that made the run (e.g. "nmt train"), shown as the run's Source.
+    `adopt_run_id` is a run made for this command by someone else (`mlflow run` sets MLFLOW_RUN_ID):
+    it becomes the run, instead of a new one, when it is in this tracking store.
     """
     import mlflow
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -187,12 +190,23 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     all_tags = {**standard_tags(source), RUN_NAME_TAG: run_name, "mlflow.runName": run_name, **tags}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    adopted = None
+    if adopt_run_id:
+        try:
+            adopted = client.get_run(adopt_run_id)
+        except MlflowException:
+            logger.warning(f"MLFLOW_RUN_ID {adopt_run_id} is not a run of {redact(uri)}; starting a run of its own")
+    if adopted is None:
+        run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    else:  # its maker's source tags (`mlflow run`: the project and entry point) stay
+        run_id = adopted.info.run_id
+        client.log_batch(run_id, tags=[mlflow.entities.RunTag(k, v) for k, v in all_tags.items()
+                                       if not (k.startswith("mlflow.source.") and k in adopted.data.tags)])
     items = sorted(params.items())
     for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
-        client.log_batch(run.info.run_id, params=[
+        client.log_batch(run_id, params=[
             mlflow.entities.Param(k, redact(str(v))[:6000]) for k, v in items[start: start + 100]])
-    return run.info.run_id
+    return run_id
 
 
 def _metric_entries(report: dict[str, Any]) -> list:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -49,7 +50,10 @@ def start_tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, para
     manifest = setup.manifest
     tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
             "tokenizer_sha256": manifest.content["tokenizer"]["sha256"], **tags}
-    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source)
+    # Under `mlflow run`, MLflow has made this command's run already: it becomes the run (the first
+    # one only: `nmt demo` starts a sweep, then a training run).
+    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,
+                                adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None))
     log_inputs(setup.uri, run_id, cfg, manifest, config_file, extra_files)
     return run_id
 
