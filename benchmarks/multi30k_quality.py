@@ -77,14 +77,18 @@ def main() -> int:
     wall = time.perf_counter() - started
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     history = {k: tracking.metric_history(uri, outcome.run_id, k)
-               for k in ("train_loss", "val_loss", "val_bleu", "tokens_per_s", "train_seconds")}
+               for k in ("train_loss", "val_loss", "val_bleu", "val_seconds", "tokens_per_s", "train_seconds")}
     kept = _checkpoints(Path(outcome.storage_path) / outcome.run_name)
     final = [c for c in kept if "averaged" not in c][-1]
     averaged = [c for c in kept if "averaged" in c]
     beam, alpha = cfg.train.beam_size, cfg.train.length_penalty
+    validating = sum(v for _, v in history["val_seconds"])
     result = {
         "budget_min": args.budget_min, "wall_min": round(wall / 60, 1),
         "train_min": round(max(v for _, v in history["train_seconds"]) / 60, 1),
+        # Validations run inside the training time (beam search over the validation split).
+        "validation_min": round(validating / 60, 1),
+        "validation_share": round(validating / max(v for _, v in history["train_seconds"]), 3),
         "updates": final["step"], "epochs": final["epoch"],
         "tokens_per_s": round(sum(v for _, v in history["tokens_per_s"]) / max(len(history["tokens_per_s"]), 1)),
         "parameters": Translator.from_checkpoint(final["path"], outcome.manifest.tokenizer()).model.num_parameters(),
@@ -95,6 +99,7 @@ def main() -> int:
         result["averaged"] = {"checkpoints": averaged[-1]["averaged"], "val_bleu": averaged[-1]["val_bleu"],
                               **_test_scores(averaged[-1]["path"], outcome.manifest, beam, alpha)}
     result["val_bleu_curve"] = [(s, round(v, 2)) for s, v in history["val_bleu"]]
+    result["val_seconds_curve"] = [(s, round(v, 1)) for s, v in history["val_seconds"]]
     figure = learning_curves(history, "Multi30k en-de, Transformer-Tiny, 2 CPU workers")
     figure.savefig(args.plot, dpi=110)
     text = json.dumps(result, indent=1, default=str)

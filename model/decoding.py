@@ -17,19 +17,17 @@ def _max_lengths(model: Transformer, src: Tensor, max_len: int | None) -> Tensor
     return (src != model.cfg.pad_id).sum(dim=1) + MAX_LEN_OFFSET
 
 
-def _next_token_log_probs(model: Transformer, tokens: Tensor, state: DecoderState,
-                          max_lens: Tensor) -> Tensor:
-    """Log-probabilities [rows, vocab] of the next token; pad/bos banned, eos forced at the limit."""
+def _restrict(model: Transformer, scores: Tensor, state: DecoderState, max_lens: Tensor) -> Tensor:
+    """Ban pad and bos, and force eos on rows at their length limit, in place on scores [rows, vocab]."""
     cfg = model.cfg
-    log_probs = model.decode_step(tokens, state).float().log_softmax(dim=-1)
-    log_probs[:, cfg.pad_id] = float("-inf")
-    log_probs[:, cfg.bos_id] = float("-inf")
+    scores[:, cfg.pad_id] = float("-inf")
+    scores[:, cfg.bos_id] = float("-inf")
     at_limit = max_lens <= state.step - 1  # state.step - 1 tokens have been generated
     if at_limit.any():
-        eos_score = log_probs[at_limit, cfg.eos_id].clone()
-        log_probs[at_limit] = float("-inf")
-        log_probs[at_limit, cfg.eos_id] = eos_score
-    return log_probs
+        eos_score = scores[at_limit, cfg.eos_id].clone()
+        scores[at_limit] = float("-inf")
+        scores[at_limit, cfg.eos_id] = eos_score
+    return scores
 
 
 @torch.no_grad()
@@ -42,7 +40,7 @@ def greedy_search(model: Transformer, src: Tensor, max_len: int | None = None) -
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     outputs: list[Tensor] = []
     while not finished.all():
-        tokens = _next_token_log_probs(model, tokens, state, max_lens).argmax(dim=-1)
+        tokens = _restrict(model, model.decode_step(tokens, state).float(), state, max_lens).argmax(dim=-1)
         tokens = tokens.masked_fill(finished, cfg.eos_id)  # finished rows only repeat eos
         outputs.append(tokens)
         finished |= tokens == cfg.eos_id
@@ -70,22 +68,23 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     cfg, batch, device = model.cfg, src.shape[0], src.device
     k = beam_size
-    # Every sentence starts as k rows that share its memory; only the first beam is live
+    # Every sentence is k consecutive rows that share its memory; only the first beam is live
     # at step 0 so the k beams do not all pick the same first token.
     state = model.start_decoding(src)
-    state.select(torch.arange(batch, device=device).repeat_interleave(k))
     max_lens = _max_lengths(model, src, max_len).repeat_interleave(k)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     tokens = torch.full((batch * k, 1), cfg.bos_id, dtype=torch.long, device=device)
     active = torch.arange(batch, device=device)  # original indices of sentences still decoding
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    num_finished = torch.zeros(batch, dtype=torch.long, device=device)  # per active sentence
 
     while active.numel():
         num_active = active.numel()
-        log_probs = _next_token_log_probs(model, tokens[:, -1], state, max_lens)
+        log_probs = _restrict(model, model.decode_step(tokens[:, -1], state).float().log_softmax(dim=-1),
+                              state, max_lens)
         vocab = log_probs.shape[-1]
-        candidates = (scores.view(-1, 1) + log_probs).view(num_active, k * vocab)
+        candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, k * vocab)  # in place: no new [rows, vocab]
         cand_scores, cand_index = candidates.topk(2 * k, dim=-1)  # [active, 2k]
         cand_beam, cand_token = cand_index // vocab, cand_index % vocab
         is_eos = cand_token == cfg.eos_id
@@ -104,16 +103,16 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         alive_token = cand_token.gather(1, alive_rank)
         rows = (torch.arange(num_active, device=device)[:, None] * k + alive_beam).view(-1)
 
-        done = torch.tensor([len(finished[s]) >= k for s in active.tolist()], device=device)
-        keep = (~done).nonzero().squeeze(1)
+        num_finished += is_eos[:, :k].sum(dim=1)
+        keep = (num_finished < k).nonzero().squeeze(1)
         if keep.numel() < num_active:  # drop finished sentences from the batch
-            active = active[keep]
+            active, num_finished = active[keep], num_finished[keep]
             alive_scores, alive_token = alive_scores[keep], alive_token[keep]
             rows = rows.view(num_active, k)[keep].view(-1)
-            state.select(rows, memory_too=True)
+            state.select(rows, sources=keep)
             max_lens = max_lens[rows]
-        else:  # beams of a sentence share its memory: reorder the cache only
-            state.select(rows, memory_too=False)
+        else:
+            state.select(rows)
         scores = alive_scores
         tokens = torch.cat([tokens[rows], alive_token.view(-1, 1)], dim=1)
 

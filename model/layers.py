@@ -53,22 +53,32 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False) -> Tensor:
-        """softmax(QK^T / sqrt(d_k)) V for every head, concatenated and projected by W^O."""
+        """softmax(QK^T / sqrt(d_k)) V for every head, concatenated and projected by W^O.
+
+        q may have g times the rows of k and v: then each g consecutive query rows (the g beams of
+        one source in beam search) attend to one source's keys together, in one matrix product.
+        """
+        rows, _, length, _ = q.shape
+        sources = k.shape[0]
+        group = rows // sources
+        # [sources * g, heads, len, d_k] -> [sources, heads, g * len, d_k]; a view when g is 1.
+        q = q.view(sources, group, self.num_heads, length, self.d_k).transpose(1, 2).reshape(
+            sources, self.num_heads, group * length, self.d_k)
         dropout_p = self.attention_dropout if self.training else 0.0
         if self.store_attention:
             weights = self._weights(q, k, mask, is_causal)
             self.last_attention = weights.detach()
             heads = weights @ v
-        elif q.shape[-2] == 1 and q.device.type == "cpu" and not (dropout_p or is_causal):
-            # A decoding step (one query): two small matmuls are faster on CPU than the fused
-            # kernel, whose set-up per call dominates at this size.
+        elif length == 1 and q.device.type == "cpu" and not (dropout_p or is_causal):
+            # A decoding step (one query per row): two small matmuls are faster on CPU than the
+            # fused kernel, whose set-up per call dominates at this size.
             heads = self._weights(q, k, mask, is_causal) @ v
         else:
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # [batch, heads, len_q, d_k]
-        batch, _, length, _ = heads.shape
-        return self.out_proj(heads.transpose(1, 2).reshape(batch, length, self.d_model))
+            )  # [sources, heads, g * len, d_k]
+        heads = heads.view(sources, self.num_heads, group, length, self.d_k).permute(0, 2, 3, 1, 4)
+        return self.out_proj(heads.reshape(rows, length, self.d_model))
 
     def _weights(self, q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """softmax(QK^T / sqrt(d_k)) computed explicitly, [batch, heads, len_q, len_k]."""

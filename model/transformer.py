@@ -83,22 +83,23 @@ class Decoder(nn.Module):
 
 @dataclass
 class DecoderState:
-    """What incremental decoding carries between steps: one row per hypothesis."""
+    """What incremental decoding carries between steps: the memory once per source, the cache once per hypothesis."""
 
-    memory_kv: list[KeyValue]  # per decoder layer, [rows, heads, src_len, d_k]
-    src_mask: Tensor  # [rows, 1, 1, src_len]
+    memory_kv: list[KeyValue]  # per decoder layer, [sources, heads, src_len, d_k]
+    src_mask: Tensor  # [sources, 1, 1, src_len]
     cache: list[KeyValue] | None = None  # per decoder layer, [rows, heads, steps, d_k]
     step: int = 0  # number of target tokens fed so far
 
-    def select(self, rows: Tensor, memory_too: bool = True) -> None:
-        """Keep (and reorder) rows: beams that survive a step, or sentences still being decoded.
+    def select(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep (and reorder) the hypotheses' rows; with sources, keep only those sources' memory.
 
-        Beams of one sentence share their memory, so a reorder within sentences can skip
-        copying it (memory_too=False); only dropping finished sentences needs it.
+        The memory has one row per source, shared by the source's consecutive hypothesis rows
+        (its beams), so a reorder within sources leaves it alone; dropping finished sources
+        selects it too.
         """
-        if memory_too:
-            self.memory_kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.memory_kv]
-            self.src_mask = self.src_mask.index_select(0, rows)
+        if sources is not None:
+            self.memory_kv = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.memory_kv]
+            self.src_mask = self.src_mask.index_select(0, sources)
         if self.cache is not None:
             self.cache = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cache]
 
@@ -157,7 +158,7 @@ class Transformer(nn.Module):
         return DecoderState(self.decoder.project_memory(memory), src_mask)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """Feed one target token per row ([rows]); returns logits [rows, vocab] and advances state."""
+        """Feed one target token per row ([rows], g consecutive rows per source); returns logits [rows, vocab]."""
         hidden, state.cache = self.decoder(
             tokens[:, None], state.memory_kv, state.src_mask, state.cache, offset=state.step
         )

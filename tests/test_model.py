@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from reference_search import reference_beam_search
 from torch import nn
 
 from model import Transformer, TransformerConfig, beam_search, greedy_search
@@ -149,6 +150,18 @@ def test_batched_search_equals_one_sentence_at_a_time(beam_size):
     for i in range(src.shape[0]):
         length = int((src[i] != PAD).sum())
         assert beam_search(model, src[i: i + 1, :length], beam_size=beam_size) == [batched[i]]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_beam_search_returns_what_the_reference_search_returns(overrides):
+    # The reference copies the memory per beam and ranks every beam x vocab log-probability;
+    # the search shares the memory between a source's beams: the same hypotheses, to the token.
+    for seed, vocab, beam in ((21, 40, 4), (22, 300, 5), (23, 1000, 2)):
+        model = make_model(seed=seed, vocab_size=vocab, **overrides)
+        src, _ = random_batch(batch=12, src_len=11, vocab=vocab, seed=seed)
+        for max_len in (None, 6):
+            expected = reference_beam_search(model, src, beam, max_len=max_len)
+            assert beam_search(model, src, beam_size=beam, max_len=max_len) == expected
 
 
 def test_outputs_respect_the_length_limits_and_contain_no_special_tokens():

@@ -2,11 +2,14 @@
 
 import pytest
 import sacrebleu
+import torch
+from reference_search import reference_beam_search
 
-from model import TransformerConfig
+from model import TransformerConfig, beam_search
 from pipeline.common import checkpoint
 from pipeline.config import load_config
 from pipeline.data.prepare import prepare
+from pipeline.text.tokenizer import PAD_ID
 from pipeline.text.translator import Translator
 from pipeline.train.loop import train_loop
 from pipeline.train.workers import TorchrunContext
@@ -37,7 +40,26 @@ def test_a_few_minutes_on_multi30k_lift_validation_bleu_well_above_zero(ray_sess
     assert history[0]["val_bleu"] < history[-1]["val_bleu"]
     assert history[-1]["val_bleu"] >= 5.0, history  # an untrained model scores ~0; 600 updates reach ~10
 
+    _beam_search_returns_what_the_reference_returns_on_test2016(last, manifest, multi30k_dir)
     _the_ctranslate2_export_decodes_like_pytorch(last, manifest, tmp_path)
+
+
+def _beam_search_returns_what_the_reference_returns_on_test2016(state: dict, manifest, multi30k_dir) -> None:
+    """The trained model's beam-4 outputs for all 1,000 sentences of test2016 equal the reference search's."""
+    model = Translator.from_state(state["model"], TransformerConfig.from_dict(state["model_config"]),
+                                  manifest.tokenizer()).model.eval()
+    lines = (multi30k_dir / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
+    ids = sorted(manifest.tokenizer().encode_src(lines), key=len)
+    assert len(ids) == 1000
+    differing = 0
+    for start in range(0, len(ids), 125):  # length-sorted batches, as translate_ids makes them
+        chunk = ids[start: start + 125]
+        src = torch.full((len(chunk), max(map(len, chunk))), PAD_ID, dtype=torch.long)
+        for row, sentence in enumerate(chunk):
+            src[row, : len(sentence)] = torch.tensor(sentence)
+        ours, reference = beam_search(model, src, beam_size=4), reference_beam_search(model, src, 4)
+        differing += sum(a != b for a, b in zip(ours, reference))
+    assert differing == 0, f"{differing} of 1000 test2016 translations differ from the reference search"
 
 
 def _the_ctranslate2_export_decodes_like_pytorch(state: dict, manifest, tmp_path) -> None:

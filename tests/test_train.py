@@ -29,7 +29,8 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
     client = MlflowClient(cfg.tracking.tracking_uri)
     run = client.get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
-    assert {"train_loss", "val_loss", "val_bleu", "val_chrf", "lr", "tokens_per_s", "epoch"} <= set(run.data.metrics)
+    assert {"train_loss", "val_loss", "val_bleu", "val_chrf", "val_seconds", "lr", "tokens_per_s",
+            "epoch"} <= set(run.data.metrics)
     assert run.data.params["model.d_model"] == "64" and run.data.tags["data_manifest"]
     losses = [m.value for m in client.get_metric_history(outcome.run_id, "train_loss")]
     assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns

@@ -179,6 +179,7 @@ class Replica:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Validation loss over all ranks; BLEU and chrF of beam search, decoding split across ranks."""
+        started = time.perf_counter()
         model = unwrap(self.ddp_model)
         model.eval()
         rank, size = self.ctx.world_rank, self.ctx.world_size
@@ -203,7 +204,7 @@ class Replica:
         if max(checksums) != min(checksums):
             raise RuntimeError(f"data-parallel ranks diverged: parameter checksums {checksums}")
         return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
-                "val_bleu": scores["bleu"], "val_chrf": scores["chrf"]}
+                "val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "val_seconds": time.perf_counter() - started}
 
     def report(self, metrics: dict, earlier: list[dict] | None = None, keep_snapshot: bool = True,
                final: bool = False) -> None:
