@@ -115,9 +115,11 @@ def ct2_engines(model: Transformer, threads: int, workdir: str) -> dict[str, obj
     from pipeline.text.ct2 import write_model
 
     vocab = [_token(i) for i in range(model.cfg.vocab_size)]
-    return {q: ctranslate2.Translator(str(write_model(model, vocab, vocab, f"{workdir}/{q}", q)),
-                                      inter_threads=threads, intra_threads=1)
-            for q in ("int8", "float32")}
+    engines = {q: ctranslate2.Translator(str(write_model(model, vocab, vocab, f"{workdir}/{q}", q)),
+                                         inter_threads=threads, intra_threads=1)
+               for q in ("int8", "float32")}
+    torch.set_num_threads(threads)  # loading set the process's OpenMP thread count (torch's too) to 1
+    return engines
 
 
 def ct2_decode(engine, batches: list[torch.Tensor], beam: int, length: int) -> tuple[float, int]:

@@ -66,3 +66,18 @@ def test_an_unknown_quantization_is_a_clear_error(tokenizer, tmp_path):
     with pytest.raises(UserError, match="quantization must be one of int8, float32"):
         ct2.export(_translator(tokenizer), tmp_path / "ct2", "int4")
     assert not (tmp_path / "ct2").exists()
+
+
+def test_loading_an_export_leaves_pytorch_its_threads(tokenizer, tmp_path):
+    # CTranslate2 sets the process's OpenMP thread count to its intra_threads (1) when it loads a model;
+    # PyTorch shares that count, and training after it would run on one thread.
+    directory = ct2.export(_translator(tokenizer), tmp_path / "ct2", "int8")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = ct2.Ct2Translator(directory, threads=2)
+        assert torch.get_num_threads() == 2
+        assert len(engine.translate(["a small dog", "two men watch the big red ball"])) == 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

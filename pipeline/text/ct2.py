@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from model import Transformer
 from model.decoding import MAX_LEN_OFFSET  # outputs up to the source length + 50 tokens
@@ -152,8 +153,12 @@ class Ct2Translator:
         # batches: at this project's model sizes two threads on one batch mostly wait on each other (beam 5
         # on 2 cores: 2,700 tokens/s as 1 x 2 threads, 8,250 as 2 x 1).
         workers = (threads or os.cpu_count() or 1) if device == "cpu" else 1
+        torch_threads = torch.get_num_threads()
         self.engine = ctranslate2.Translator(str(directory), device=device, inter_threads=workers,
                                              intra_threads=1 if device == "cpu" else threads)
+        # Loading sets the calling thread's OpenMP thread count to intra_threads, which is torch's too:
+        # PyTorch work in this process would then run on one thread.
+        torch.set_num_threads(torch_threads)
         self.tokenizer = Tokenizer.load(directory)
         self.beam_size, self.alpha = beam_size, alpha
 
