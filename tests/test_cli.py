@@ -1,5 +1,7 @@
 """The `nmt` command line itself: --version, help that explains each subcommand, `nmt config`."""
 
+import logging
+import os
 import shlex
 
 import pytest
@@ -59,3 +61,27 @@ def test_config_keys_lists_every_key_once_with_type_default_and_meaning(capsys):
     assert sorted(listed) == sorted(load_config().flat())
     warmup = next(line for line in lines if line.startswith("  train.warmup_steps "))
     assert warmup.startswith("  train.warmup_steps (int, default 4000): ") and len(warmup) > 50
+
+
+def test_ray_core_lines_stay_out_of_forwarded_worker_output_and_notices_out_of_the_console(monkeypatch):
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from pipeline.common import cluster, log
+
+    printed = []
+    monkeypatch.setattr(dispatcher, "handlers", [("ray_print_logs", printed.append), ("other", lambda data: None)])
+    cluster._drop_ray_core_lines()
+    cluster._drop_ray_core_lines()  # a second connection in the same process wraps nothing twice
+    batch = {"pid": 7, "is_err": True, "lines": [
+        "[2026-12-02 13:51:42,566 E 23727 23759] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher'",
+        "[rank 0] step 20/200 epoch 1 loss 5.120",
+        "a user's own line mentioning core_worker.cc:2465: stays"]}
+    dispatcher.emit(batch)
+    dispatcher.emit({**batch, "lines": ["[2026-12-02 13:51:43,001 W 1 2] raylet_client.cc:40: only Ray's"]})
+    assert printed == [{**batch, "lines": batch["lines"][1:]}]
+    for name, value in log.QUIET.items():  # what configure_libraries sets is undone after the test
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    for name in log.NOTICES:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    log.configure_libraries()
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.ERROR for name in log.NOTICES)

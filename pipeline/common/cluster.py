@@ -4,22 +4,58 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 
 from ..config import Config
 from . import log
 from .errors import UserError
 
+# A line of Ray's C++ core that a worker printed, e.g. "[2026-12-02 13:51:42,566 E 23727 23759]
+# core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' ...". Ray writes it to the
+# worker's log file in its session directory as well.
+RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [DIWEF] \d+ \d+\] \w+\.cc:\d+: ")
+
 
 def ensure_ray(address: str | None = None) -> None:
     """Connect to the given cluster, or RAY_ADDRESS, or start a local Ray; reuse a live connection."""
     import ray
 
-    if ray.is_initialized():
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        # Ray's own INFO lines drown our progress output; warnings and errors still show (`nmt -v`: all).
+        ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING,
+                 log_to_driver=True)
+    if not log.verbose():
+        _drop_ray_core_lines()
+
+
+def _drop_ray_core_lines() -> None:
+    """Keep Ray's C++ log lines out of the worker output Ray prints here; they stay in Ray's log files.
+
+    Ray has no public filter for the worker output it forwards to the driver, so this wraps the
+    forwarding handler Ray registers (a private name); if that ever changes, output stays as it was.
+    """
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        lock = dispatcher._lock
+    except (ImportError, AttributeError):
         return
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    # Ray's own INFO lines drown our progress output; warnings and errors still show (`nmt -v`: all).
-    ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING, log_to_driver=True)
+
+    def wrap(forward):
+        def filtered(data):
+            lines = [line for line in data.get("lines", []) if not RAY_CORE_LINE.match(line)]
+            if lines:
+                forward({**data, "lines": lines})
+
+        filtered.drops_ray_core_lines = True
+        return filtered
+
+    with lock:
+        dispatcher.handlers = [(name, wrap(handler) if name == "ray_print_logs"
+                                and not getattr(handler, "drops_ray_core_lines", False) else handler)
+                               for name, handler in dispatcher.handlers]
 
 
 def state_api_problem() -> str | None:

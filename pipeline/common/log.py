@@ -70,6 +70,11 @@ QUIET = {
     "RAY_AIR_NEW_OUTPUT": "0",  # Tune's legacy reporter, silent at verbose=0 (the new one still prints a box)
     "RAY_DEDUP_LOGS": "0",  # dedup folds concurrent trials' progress lines into "[repeated 3x across cluster]"
 }
+# Library warnings that are notices, not problems, silenced unless `nmt -v`.
+NOTICES = (
+    "ray._private.authentication.authentication_token_setup",  # "Token authentication is enabled ..." (it is)
+    "ray.data._internal.progress",  # "Progress bars disabled" (prepare prints its own progress)
+)
 
 
 def configure_libraries() -> None:
@@ -79,6 +84,8 @@ def configure_libraries() -> None:
     if not verbose():
         for name, value in QUIET.items():
             os.environ.setdefault(name, value)
+        for name in NOTICES:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def level() -> int:
