@@ -82,13 +82,14 @@ def main() -> int:
     final = [c for c in kept if "averaged" not in c][-1]
     averaged = [c for c in kept if "averaged" in c]
     beam, alpha = cfg.train.beam_size, cfg.train.length_penalty
+    training = max(v for _, v in history["train_seconds"])
     validating = sum(v for _, v in history["val_seconds"])
     result = {
         "budget_min": args.budget_min, "wall_min": round(wall / 60, 1),
-        "train_min": round(max(v for _, v in history["train_seconds"]) / 60, 1),
+        "train_min": round(training / 60, 1),
         # Validations run inside the training time (beam search over the validation split).
         "validation_min": round(validating / 60, 1),
-        "validation_share": round(validating / max(v for _, v in history["train_seconds"]), 3),
+        "validation_share": round(validating / training, 3),
         "updates": final["step"], "epochs": final["epoch"],
         "tokens_per_s": round(sum(v for _, v in history["tokens_per_s"]) / max(len(history["tokens_per_s"]), 1)),
         "parameters": Translator.from_checkpoint(final["path"], outcome.manifest.tokenizer()).model.num_parameters(),

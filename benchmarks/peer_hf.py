@@ -108,18 +108,12 @@ def _token(i: int) -> str:
 
 
 def ct2_engines(model: Transformer, threads: int, workdir: str) -> dict[str, object]:
-    """Our model exported to CTranslate2, int8 and float32, each loaded on the CPU as `nmt` loads it (Ct2Translator):
-    one single-threaded translator per thread, each taking whole batches."""
-    import ctranslate2
-
-    from pipeline.text.ct2 import write_model
+    """Our model exported to CTranslate2, int8 and float32, each loaded on the CPU as `nmt` loads it."""
+    from pipeline.text.ct2 import load_engine, write_model
 
     vocab = [_token(i) for i in range(model.cfg.vocab_size)]
-    engines = {q: ctranslate2.Translator(str(write_model(model, vocab, vocab, f"{workdir}/{q}", q)),
-                                         inter_threads=threads, intra_threads=1)
-               for q in ("int8", "float32")}
-    torch.set_num_threads(threads)  # loading set the process's OpenMP thread count (torch's too) to 1
-    return engines
+    return {q: load_engine(write_model(model, vocab, vocab, f"{workdir}/{q}", q), threads=threads)
+            for q in ("int8", "float32")}
 
 
 def ct2_decode(engine, batches: list[torch.Tensor], beam: int, length: int) -> tuple[float, int]:
