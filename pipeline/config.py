@@ -96,6 +96,7 @@ class TrainConfig:
     seed: int = 0  # seed of initialisation and batch shuffling
     val_interval: int = 0  # updates between validations; 0: every epoch
     log_every: int = 10  # updates between progress lines and train_loss values
+    init_from: str = ""  # fine-tune from a checkpoint directory, MLflow run id or models:/ URI (its tokenizer too)
     report_interval_s: float = 10.0  # progress values go to Ray Train (and MLflow) at most this often
     beam_size: int = 4  # beam of validation decoding and of the packaged model
     length_penalty: float = 0.6  # beam search length penalty alpha

@@ -63,25 +63,41 @@ def test_config_keys_lists_every_key_once_with_type_default_and_meaning(capsys):
     assert warmup.startswith("  train.warmup_steps (int, default 4000): ") and len(warmup) > 50
 
 
-def test_ray_core_lines_stay_out_of_forwarded_worker_output_and_notices_out_of_the_console(monkeypatch):
+def test_worker_output_is_tidied_and_library_notices_and_false_alarms_stay_out(monkeypatch, capsys):
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     from pipeline.common import cluster, log
 
     printed = []
     monkeypatch.setattr(dispatcher, "handlers", [("ray_print_logs", printed.append), ("other", lambda data: None)])
-    cluster._drop_ray_core_lines()
-    cluster._drop_ray_core_lines()  # a second connection in the same process wraps nothing twice
+    cluster._tidy_worker_output()
+    cluster._tidy_worker_output()  # a second connection in the same process wraps nothing twice
     batch = {"pid": 7, "is_err": True, "lines": [
         "[2026-12-02 13:51:42,566 E 23727 23759] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher'",
-        "[rank 0] step 20/200 epoch 1 loss 5.120",
+        "[rank 0] a user's line keeps its prefix",
         "a user's own line mentioning core_worker.cc:2465: stays"]}
     dispatcher.emit(batch)
     dispatcher.emit({**batch, "lines": ["[2026-12-02 13:51:43,001 W 1 2] raylet_client.cc:40: only Ray's"]})
+    dispatcher.emit({**batch, "actor_name": "PlacementGroupCleaner", "lines": ["Detected that the Ray Train ..."]})
     assert printed == [{**batch, "lines": batch["lines"][1:]}]
+    # The project's own "[stage] ..." lines print without Ray's "(RayTrainWorker pid=...)" prefix, in order.
+    printed.clear()
+    dispatcher.emit({**batch, "lines": ["[train] step 10/200 loss 7.1", "Traceback (most recent call last):"]})
+    assert capsys.readouterr().err == "[train] step 10/200 loss 7.1\n"
+    assert printed == [{**batch, "lines": ["Traceback (most recent call last):"]}]
     for name, value in log.QUIET.items():  # what configure_libraries sets is undone after the test
         monkeypatch.setenv(name, os.environ.get(name, value))
     for name in log.NOTICES:
         monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    data_logger = logging.getLogger("ray.data.dataset")
+    monkeypatch.setattr(data_logger, "filters", [])
     log.configure_libraries()
+    log.configure_libraries()  # adds its filter once
     assert all(logging.getLogger(name).getEffectiveLevel() == logging.ERROR for name in log.NOTICES)
+    assert len(data_logger.filters) == 1
+
+    def record(message):
+        return logging.LogRecord(data_logger.name, logging.WARNING, __file__, 1, message, None, None)
+
+    assert not data_logger.filter(record("Warning: The Ray cluster currently does not have any available CPUs."))
+    assert data_logger.filter(record("another warning"))

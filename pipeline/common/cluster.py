@@ -5,16 +5,23 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import time
 
 from ..config import Config
 from . import log
 from .errors import UserError
 
+logger = log.get("ray")
 # A line of Ray's C++ core that a worker printed, e.g. "[2026-12-02 13:51:42,566 E 23727 23759]
 # core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' ...". Ray writes it to the
 # worker's log file in its session directory as well.
 RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [DIWEF] \d+ \d+\] \w+\.cc:\d+: ")
+# Ray's own actors, whose notices ("Detected that the Ray Train controller actor ... is dead.
+# Cleaning up placement group") stay in Ray's log files.
+RAY_ACTORS = {"PlacementGroupCleaner"}
+# A line of this project's own log format ("[train] step 10/200 ..."; see common/log.py).
+OWN_LINE = re.compile(r"^\[[a-z][\w.-]*\] ")
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -24,17 +31,21 @@ def ensure_ray(address: str | None = None) -> None:
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
         # Ray's own INFO lines drown our progress output; warnings and errors still show (`nmt -v`: all).
-        ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING,
-                 log_to_driver=True)
+        context = ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING,
+                           log_to_driver=True)
+        if not log.verbose():
+            logger.info(f"Ray's own logs: {context.address_info['session_dir']}/logs (`nmt -v` shows them here)")
     if not log.verbose():
-        _drop_ray_core_lines()
+        _tidy_worker_output()
 
 
-def _drop_ray_core_lines() -> None:
-    """Keep Ray's C++ log lines out of the worker output Ray prints here; they stay in Ray's log files.
+def _tidy_worker_output() -> None:
+    """Print the workers' "[stage] ..." lines as written; keep Ray's C++ lines and its actors' notices out.
 
-    Ray has no public filter for the worker output it forwards to the driver, so this wraps the
-    forwarding handler Ray registers (a private name); if that ever changes, output stays as it was.
+    Ray prefixes every forwarded line with "(RayTrainWorker pid=...)"; the project's own lines name
+    their stage already, so they print bare, and other lines keep the prefix that says where they
+    came from. Ray's C++ lines stay in Ray's log files. Ray has no public hook for this, so it wraps
+    the forwarding handler Ray registers (a private name); if that ever changes, output stays as it was.
     """
     try:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
@@ -44,17 +55,26 @@ def _drop_ray_core_lines() -> None:
         return
 
     def wrap(forward):
-        def filtered(data):
+        def tidied(data):
+            if data.get("actor_name") in RAY_ACTORS:
+                return
             lines = [line for line in data.get("lines", []) if not RAY_CORE_LINE.match(line)]
-            if lines:
+            if any(OWN_LINE.match(line) for line in lines):
+                sink = sys.stderr if data.get("is_err") else sys.stdout
+                for line in lines:  # in order: an own line bare, the others through Ray's handler
+                    if OWN_LINE.match(line):
+                        print(line, file=sink, flush=True)
+                    else:
+                        forward({**data, "lines": [line]})
+            elif lines:
                 forward({**data, "lines": lines})
 
-        filtered.drops_ray_core_lines = True
-        return filtered
+        tidied.tidies_worker_output = True
+        return tidied
 
     with lock:
         dispatcher.handlers = [(name, wrap(handler) if name == "ray_print_logs"
-                                and not getattr(handler, "drops_ray_core_lines", False) else handler)
+                                and not getattr(handler, "tidies_worker_output", False) else handler)
                                for name, handler in dispatcher.handlers]
 
 

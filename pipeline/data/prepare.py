@@ -33,18 +33,24 @@ def config_fingerprint(cfg: DataConfig) -> str:
     return hashlib.sha256(json.dumps([FORMAT_VERSION, settings], sort_keys=True).encode()).hexdigest()
 
 
-def prepared_path(cfg: DataConfig) -> tuple[str, str, str]:
-    """(directory, source hash, config hash): the directory is named after both hashes."""
+def prepared_path(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> tuple[str, str, str]:
+    """(directory, source hash, config hash): the directory is named after both (and a given tokenizer's)."""
     src_hash, cfg_hash = source_fingerprint(cfg), config_fingerprint(cfg)
-    fingerprint = hashlib.sha256(f"{src_hash}:{cfg_hash}".encode()).hexdigest()[:16]
+    given = f":{tokenizer.sha256()}" if tokenizer is not None else ""  # a fine-tuned model's parent's
+    fingerprint = hashlib.sha256(f"{src_hash}:{cfg_hash}{given}".encode()).hexdigest()[:16]
     name = f"{cfg.source}-{cfg.src_lang}-{cfg.tgt_lang}-{fingerprint}"
     return storage.join(cfg.output_dir, name), src_hash, cfg_hash
 
 
-def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) -> Manifest:
-    """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest."""
+def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
+            tokenizer: Tokenizer | None = None) -> Manifest:
+    """Prepare the corpus (or reuse an identical earlier preparation) and return its manifest.
+
+    A given tokenizer (the parent model's, when fine-tuning) is used instead of training one.
+    """
     check_source(cfg)
-    final, src_hash, cfg_hash = prepared_path(cfg)
+    final, src_hash, cfg_hash = prepared_path(cfg, tokenizer)
+    given = tokenizer is not None
     if not force and storage.exists(storage.join(final, MANIFEST)):
         logger.info(f"reusing {final} (same source data and data config)")
         return load_manifest(final)
@@ -58,11 +64,13 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False) ->
             raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
     logger.info(", ".join(f"{split}: {count:,} pairs read" for split, count in source.counts.items()))
 
-    tokenizer = train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed),
-                                vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
-                                joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
+    if tokenizer is None:
+        tokenizer = train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed),
+                                    vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
+                                    joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
     logger.info(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
-                f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}")
+                f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}"
+                f"{' from the parent model' if given else ''}")
 
     if storage.is_uri(final):
         # Written in place (object stores cannot rename a prefix) with the manifest last. Files of an

@@ -17,17 +17,19 @@ from ..config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG, SPACE = ROOT / "configs" / "demo.yaml", ROOT / "tune_spaces" / "demo.yaml"
 QUICK_SPACE = ROOT / "tune_spaces" / "demo_quick.yaml"
+EXAMPLES = 3  # translations shown at the end
 # The sweep's trials are short: a fixed number of updates, validated every 100. ASHA's first rung
 # is the longest warmup of the space (200): the demo model starts translating after about 150
 # updates of 2 x 4096 tokens, and no trial is judged while it is still warming up.
-FULL = ["train.max_steps=300", "train.epochs=100", "train.val_interval=100", "train.average_last=2",
-        "tune.num_samples=4", "tune.name=demo"]
+# A progress line every 50 updates (~15 s here) keeps the whole demo to about 80 lines.
+FULL = ["train.max_steps=300", "train.epochs=100", "train.val_interval=100", "train.log_every=50",
+        "train.average_last=2", "tune.num_samples=4", "tune.name=demo"]
 # --quick (CI): a smaller corpus, two 200-update trials that both run to the end (their warmup is
 # the whole run's first 200 updates: there is nothing for ASHA to judge fairly). The demo model
 # learns the corpus from about update 150 on: val BLEU 0.4 at 100, ~10 at 200.
 QUICK = ["data.demo_sizes={train: 20000, validation: 300, test: 300}", "train.max_steps=200", "train.epochs=100",
-         "train.val_interval=100", "train.average_last=1", "train.beam_size=2", "tune.search=grid",
-         "tune.scheduler=fifo", "tune.name=demo-quick"]
+         "train.val_interval=100", "train.log_every=50", "train.average_last=1", "train.beam_size=2",
+         "tune.search=grid", "tune.scheduler=fifo", "tune.name=demo-quick"]
 
 
 def _banner(step: int, total: int, text: str) -> None:
@@ -66,7 +68,7 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     sources, references, _ = split_texts(model_version(uri, model_uri), "test", None)
     with tempfile.TemporaryDirectory() as scratch:  # where a CTranslate2 export would be downloaded to
         _, engine = load_engine(uri, model_uri, "auto", "auto", scratch)
-        hypotheses = translate(engine, sources[:5], cfg.train.beam_size)
+        hypotheses = translate(engine, sources[:EXAMPLES], cfg.train.beam_size)
     for src, ref, hyp in zip(sources, references, hypotheses):
         print(f"  en : {src}\n  de*: {ref}\n  out: {hyp}\n")
     minutes = (time.perf_counter() - started) / 60

@@ -61,8 +61,8 @@ def champion_bleu(uri: str, name: str) -> tuple[str, float] | None:
     return version.version, float(version.tags.get("val_bleu", "-inf"))
 
 
-def log_model(uri: str, run_id: str, translator: Translator, example: str, registered_name: str | None = None):
-    """Log a model into the run as a self-contained pyfunc model (and register it); returns ModelInfo."""
+def log_model(uri: str, run_id: str, translator: Translator, example: str):
+    """Log a model into the run as a self-contained pyfunc model; returns ModelInfo."""
     import mlflow
     import pandas as pd
     from mlflow.models import infer_signature
@@ -79,7 +79,6 @@ def log_model(uri: str, run_id: str, translator: Translator, example: str, regis
                 code_paths=[str(PACKAGE_ROOT / "model"), str(PACKAGE_ROOT / "pipeline")],
                 signature=signature, input_example=(sample, params), pip_requirements=pip_requirements(),
                 model_config={"device": "auto"},  # load_model(model_config={"device": "cpu"}) overrides it
-                registered_model_name=registered_name,
             )
 
 
@@ -97,11 +96,20 @@ def version_of_run(uri: str, name: str, run_id: str) -> str | None:
 def register(uri: str, run_id: str, translator: Translator, name: str, val_bleu: float,
              tags: dict[str, str], example: str) -> Registered:
     """Register a model as a new version of `name`; it becomes champion only if its val_bleu is higher."""
+    from mlflow.exceptions import MlflowException
+
     client = _client(uri)
-    info = log_model(uri, run_id, translator, example, registered_name=name)
-    version = str(info.registered_model_version)
-    for key, value in {"val_bleu": f"{val_bleu:.4f}", "run_id": run_id, **tags}.items():
-        client.set_model_version_tag(name, version, key, str(value))
+    info = log_model(uri, run_id, translator, example)
+    # Through the client rather than log_model(registered_model_name=): the same registration
+    # without MLflow's "Successfully registered model" prints (our own line below says it).
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run_id, **tags}
+    version = str(client.create_model_version(name, info.model_uri, run_id=run_id, model_id=info.model_id,
+                                              tags={key: str(value) for key, value in tags.items()}).version)
     current = champion_bleu(uri, name)
     better = current is None or val_bleu > current[1]
     if better:

@@ -40,8 +40,11 @@ def default_run_name(cfg: Config) -> str:
 
 
 def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
-                  callbacks: list | None = None):
-    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial."""
+                  callbacks: list | None = None, init: dict | None = None):
+    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial.
+
+    init (RunSetup.init()): the parent model's staged weights, when fine-tuning.
+    """
     # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
     # and a timed-out attempt can leave its placement group behind for the retry to wait on.
     # Ray propagates this variable from the process calling fit() to the controller.
@@ -66,7 +69,7 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
         callbacks=callbacks or [],
         logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
     )
-    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level()}
+    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(), "init": init}
     return TorchTrainer(train_loop, train_loop_config=loop_config,
                         scaling_config=scaling, run_config=run_config)
 
@@ -78,7 +81,8 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     run_id = start_tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file)
     logger.info(f"run {run_name} (MLflow run {run_id}, storage {setup.storage_path}/{run_name})")
     trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,
-                            callbacks=[tracking.report_callback(setup.uri, run_id, cfg.tracking.system_metrics_s)])
+                            callbacks=[tracking.report_callback(setup.uri, run_id, cfg.tracking.system_metrics_s)],
+                            init=setup.init())
     with tracked_fit(setup.uri, run_id):
         result = trainer.fit()
     best = best_checkpoint(result)

@@ -15,6 +15,7 @@ import random
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from ..data.shard import COLUMNS, TokenShard
 from ..text.metrics import score
 from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, PROGRESS_KEY
+from . import parent
 from .prefetch import Batch, BatchPrefetcher
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
@@ -61,7 +63,7 @@ def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
 class Replica:
     """One data-parallel replica: its model, optimizer and data, and the steps that change them."""
 
-    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext):
+    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext, init: dict | None = None):
         self.cfg, self.ctx, self.train_cfg = cfg, ctx, cfg.train
         manifest = load_manifest(data_path)
         self.tokenizer = manifest.tokenizer()
@@ -78,7 +80,8 @@ class Replica:
         self.progress = Progress()
         self.resumed_from: int | None = None  # the step restored from, logged once to MLflow with the next line
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
-        self._restore()
+        if not self._restore() and init:  # a resumed fine-tuning run continues from its own checkpoint
+            self._start_from_parent(init)
         self.ddp_model = ctx.prepare_model(self.model)
         if self.train_cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
@@ -87,8 +90,8 @@ class Replica:
         self.val = TokenShard.from_batches([val])
         self.val_refs = val.column("tgt").to_pylist()
 
-    def _restore(self) -> None:
-        """Resume from the newest checkpoint that loads; a corrupt or unsafe one is skipped with a warning."""
+    def _restore(self) -> bool:
+        """Resume from the newest checkpoint that loads (a corrupt or unsafe one is skipped with a warning)."""
         refused = []
         for directory in self.ctx.resume_candidates():
             try:  # every rank reads the same model file, so all ranks skip the same checkpoints
@@ -99,10 +102,19 @@ class Replica:
                     logger.warning(f"{err}; falling back to the checkpoint before it")
                 continue
             self._load_state(directory, state)
-            return
+            return True
         if refused:
             raise UserError(f"none of this run's {len(refused)} checkpoints can be loaded ({refused[-1]}); "
                             "delete the run's directory under train.storage_path to start it over")
+        return False
+
+    def _start_from_parent(self, init: dict) -> None:
+        """Fine-tuning: the parent's weights; the optimizer, schedule and progress stay fresh."""
+        config, weights = parent.load_staged(init["path"])
+        parent.check_shape(config, init["described"], self.model_cfg)  # a sweep may sample another shape
+        self.model.load_state_dict(weights)
+        if self.ctx.is_main:
+            logger.info(f"starting from {init['described']}; optimizer and learning-rate schedule start fresh")
 
     def _load_state(self, directory: str, state: dict) -> None:
         """Model, optimizer, schedule, progress and this rank's RNG streams from a loaded checkpoint."""
@@ -220,6 +232,8 @@ class Replica:
                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                      "progress": self.progress.__dict__, "model_config": self.model_cfg.to_dict(),
                      "metrics": metrics}
+            for name, proto in self.tokenizer.files().items():  # a checkpoint can be fine-tuned from alone
+                (Path(directory) / name).write_bytes(proto)
         checkpoint.save(directory, self.ctx.world_rank, state)
         self.ctx.report({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
 
@@ -257,7 +271,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     log.setup(loop_config.get("log_level", logging.INFO), process_stderr=True)  # a worker process of its own
     cfg = config_from_dict(loop_config["config"])
     ctx = ctx or RayContext()
-    replica = Replica(cfg, loop_config["data_path"], ctx)
+    replica = Replica(cfg, loop_config["data_path"], ctx, loop_config.get("init"))
     progress, train_cfg = replica.progress, cfg.train
     if ctx.is_main:
         group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"

@@ -22,6 +22,8 @@ from ..data.manifest import Manifest
 from ..data.prepare import prepare
 from ..track import tracking
 from ..track.publish import log_inputs
+from . import parent
+from .parent import Parent
 
 
 @dataclass
@@ -31,6 +33,12 @@ class RunSetup:
     uri: str  # the MLflow tracking URI, checked to answer
     manifest: Manifest
     storage_path: str  # train.storage_path, absolute: Ray Train's storage for runs and sweeps
+    parent: Parent | None = None  # train.init_from's model, when fine-tuning
+    init_path: str | None = None  # where the workers read the parent's weights (under storage_path)
+
+    def init(self) -> dict | None:
+        """What the training loop needs to start from the parent: where its weights are, what it is."""
+        return {"path": self.init_path, "described": self.parent.described} if self.parent else None
 
 
 def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None) -> RunSetup:
@@ -40,8 +48,17 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     if on_ray is not None:
         on_ray()
     check_capacity(cfg, cfg.train.resource_wait_s)
-    manifest = prepare(cfg.data, address=address)
-    return RunSetup(uri, manifest, storage.absolute(cfg.train.storage_path))
+    storage_path = storage.absolute(cfg.train.storage_path)
+    if not cfg.train.init_from:
+        return RunSetup(uri, prepare(cfg.data, address=address), storage_path)
+    # Fine-tuning: the parent's shape and vocabulary are checked before any data is prepared.
+    found = parent.resolve(cfg.train.init_from, uri)
+    parent.check_tokenizer(found, cfg.data)
+    tokenizer = found.tokenizer
+    vocab = tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size
+    parent.check_shape(found.config, found.described, cfg.transformer_config(*vocab))
+    manifest = prepare(cfg.data, address=address, tokenizer=tokenizer)
+    return RunSetup(uri, manifest, storage_path, found, parent.stage(found, storage_path))
 
 
 def start_tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: dict, tags: dict[str, str],
@@ -50,6 +67,8 @@ def start_tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, para
     manifest = setup.manifest
     tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
             "tokenizer_sha256": manifest.content["tokenizer"]["sha256"], **tags}
+    if setup.parent is not None:  # a fine-tuned run names the model it started from
+        tags.update({"parent_model": setup.parent.described, "init_from": setup.parent.spec})
     # Under `mlflow run`, MLflow has made this command's run already: it becomes the run (the first
     # one only: `nmt demo` starts a sweep, then a training run).
     run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,

@@ -156,8 +156,10 @@ def trial_lines(max_steps: int):
             step = result.get("step", 0)
             early = " (stopped early)" if max_steps and step < max_steps else ""
             done = 1 + sum(t.status in ("TERMINATED", "ERROR") for t in trials if t is not trial)
+            # Its best, as the trial table shows: the last report can be a weaker checkpoint average.
+            best = trial.metric_analysis.get("val_bleu", {}).get("max", result.get("val_bleu", float("nan")))
             logger.info(f"trial {trial.trial_id} ended at update {step}{early}: val_bleu "
-                        f"{result.get('val_bleu', float('nan')):.2f} ({done} finished so far)")
+                        f"{best:.2f} ({done} finished so far)")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             logger.warning(f"trial {trial.trial_id} failed ({params(trial)}); its error is in {trial.local_path}")

@@ -85,7 +85,8 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     tracking.log_datasets(uri, child, dataset_inputs(manifest))  # what the compare view lists per trial
     trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
                             callbacks=[_validation_reports(),
-                                       tracking.report_callback(uri, child, cfg.tracking.system_metrics_s)])
+                                       tracking.report_callback(uri, child, cfg.tracking.system_metrics_s)],
+                            init=setup["init"])
     trainer.fit()
     tracking.end_run(uri, child)
 
@@ -177,6 +178,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
     setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
              "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train", "log_level": log.level(),
+             "init": run.init(),
              # Trials run on any node, without this process's environment: the MLflow login goes with them.
              "credentials": tracking.credentials()}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no

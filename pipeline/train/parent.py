@@ -1,0 +1,133 @@
+"""Fine-tuning: `train.init_from` names a parent model whose weights and tokenizer a new run starts from.
+
+    parent = resolve(cfg.train.init_from, uri)    # a checkpoint directory, a training run id or a models:/ URI
+    check_tokenizer(parent, cfg.data)             # the corpus is tokenized with the parent's tokenizer
+    path = stage(parent, storage_path)            # weights where every worker can read them
+    ...
+    config, weights = load_staged(path)           # in each worker; optimizer and schedule start fresh
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model import TransformerConfig
+
+from ..common import checkpoint, storage
+from ..common.errors import UserError
+from ..config import DataConfig
+from ..text.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
+from ..text.translator import CONFIG_FILE, WEIGHTS_FILE
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# What fine-tuning may change; every other field is the model's shape, which the weights fix.
+REGULARIZATION = ("dropout", "attention_dropout", "label_smoothing")
+
+
+@dataclass
+class Parent:
+    """A model to start from: its weights, shape and tokenizer, and what it is in words."""
+
+    spec: str  # train.init_from as the user wrote it
+    described: str  # e.g. "transformer-nmt version 3 (run 1f2e...)"
+    config: TransformerConfig
+    tokenizer: Tokenizer
+    weights: dict[str, torch.Tensor]
+
+
+def resolve(spec: str, uri: str) -> Parent:
+    """The parent that train.init_from names: a models:/ URI, a training run id, or a checkpoint directory."""
+    if spec.startswith("models:/"):
+        from ..track.registry import model_version
+
+        version = model_version(uri, spec)
+        described = f"{version.name} version {version.version} (run {version.run_id})" if version else spec
+        return _from_registry(spec, spec, described, uri)
+    if RUN_ID.match(spec):
+        return _from_registry(spec, f"runs:/{spec}/model", f"run {spec}", uri)
+    return _from_checkpoint(spec)
+
+
+def _from_registry(spec: str, model_uri: str, described: str, uri: str) -> Parent:
+    """A packaged model (what `nmt train` logs and registers): safetensors weights, config, tokenizer."""
+    from ..track.registry import load
+
+    try:
+        translator = load(uri, model_uri, device="cpu").unwrap_python_model().translator
+    except UserError as err:
+        raise UserError(f"train.init_from={spec!r}: {err}") from None
+    return Parent(spec, described, translator.model.cfg, translator.tokenizer,
+                  {k: v.detach().cpu() for k, v in translator.model.state_dict().items()})
+
+
+def _from_checkpoint(spec: str) -> Parent:
+    """A training checkpoint directory (a local path or a storage URI) with its tokenizer files."""
+    model_file = storage.join(spec, checkpoint.MODEL_FILE)
+    if not storage.exists(model_file):
+        raise UserError(f"train.init_from={spec!r} is not a models:/ URI, an MLflow run id (32 hex digits) "
+                        f"or a training checkpoint directory (no {checkpoint.MODEL_FILE} there)")
+    try:
+        state = torch.load(io.BytesIO(storage.read_bytes(model_file)), map_location="cpu", weights_only=True)
+    except Exception as err:  # a crafted pickle or a truncated file: refuse it, say which
+        raise UserError(f"{model_file}: cannot be loaded safely ({type(err).__name__}: {str(err)[:200]})") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in (JOINT_FILE, SRC_FILE, TGT_FILE):
+            if storage.exists(source := storage.join(spec, name)):
+                (Path(tmp) / name).write_bytes(storage.read_bytes(source))
+        try:
+            tokenizer = Tokenizer.load(tmp)
+        except UserError:
+            raise UserError(f"train.init_from={spec!r}: the checkpoint holds no tokenizer (written by an older "
+                            "version); start from the run's registered model (models:/NAME/VERSION) instead") from None
+    return Parent(spec, f"checkpoint {spec}", TransformerConfig.from_dict(state["model_config"]), tokenizer,
+                  state["model"])
+
+
+def check_tokenizer(parent: Parent, data: DataConfig) -> None:
+    """The run's data settings must describe the parent's tokenizer: its embeddings are bound to it."""
+    have = (parent.tokenizer.src_vocab_size, parent.tokenizer.joint)
+    want = (data.vocab_size, data.joint_vocab)
+    if have != want:
+        raise UserError(f"train.init_from {parent.described} has a {'joint' if have[1] else 'separate'} "
+                        f"vocabulary of {have[0]}, but data.vocab_size={want[0]}, data.joint_vocab="
+                        f"{str(want[1]).lower()}: set them to the parent's (its tokenizer is reused)")
+
+
+def check_shape(parent: TransformerConfig, described: str, config: TransformerConfig) -> None:
+    """Fail with both shapes named when the config's model cannot take the parent's weights."""
+    mine, theirs = dataclasses.asdict(config), dataclasses.asdict(parent)
+    differ = [key for key in mine if key not in REGULARIZATION and mine[key] != theirs[key]]
+    if differ:
+        raise UserError(f"train.init_from {described} is a Transformer with "
+                        f"{', '.join(f'{k} {theirs[k]}' for k in differ)}; this run's model.* asks for "
+                        f"{', '.join(f'{k} {mine[k]}' for k in differ)}: set them to the parent's")
+
+
+def stage(parent: Parent, storage_path: str) -> str:
+    """Write the parent's weights and shape under storage_path (content-addressed); the directory."""
+    from safetensors.torch import save
+
+    # Tied embeddings share storage, which safetensors refuses; clone each tensor on its own.
+    weights = save({k: v.clone().contiguous() for k, v in parent.weights.items()})
+    directory = storage.join(storage_path, "parents", hashlib.sha256(weights).hexdigest()[:16])
+    if not storage.exists(storage.join(directory, WEIGHTS_FILE)):
+        storage.write_bytes(storage.join(directory, CONFIG_FILE), json.dumps(parent.config.to_dict()).encode())
+        storage.write_bytes(storage.join(directory, WEIGHTS_FILE), weights)  # last: its presence means complete
+    return directory
+
+
+def load_staged(directory: str) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
+    """What stage() wrote: the parent's shape and weights (safetensors: no pickle)."""
+    from safetensors.torch import load
+
+    config = TransformerConfig.from_dict(json.loads(storage.read_bytes(storage.join(directory, CONFIG_FILE))))
+    return config, load(storage.read_bytes(storage.join(directory, WEIGHTS_FILE)))
