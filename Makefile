@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench lint browser data clean
+.PHONY: setup test test-fast demo bench lint browser docs-images data clean
 
 setup: $(VENV)/.installed
 
@@ -53,6 +53,11 @@ browser:
 		$$SUDO apt-get update && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; \
 	fi
+
+# The README's MLflow screenshots (docs/images/): a quick demo (or the one in WORKDIR, e.g. after
+# `nmt demo --workdir DIR`), served by `mlflow ui`, photographed in headless Chromium.
+docs-images: setup browser
+	$(PY) tools/docs_images.py $(if $(WORKDIR),--workdir $(WORKDIR))
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

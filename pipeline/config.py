@@ -119,6 +119,7 @@ class TuneConfig:
     reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
     name: str = ""  # the sweep's name (its storage directory and MLflow parent run); "" derives one
     search: str = "random"  # random | grid | optuna
+    seed: int = 0  # seed of the random and optuna searches: the same space and seed sample the same trials
     metric: str = "val_bleu"  # what the scheduler and the best trial go by
     mode: str = "max"  # max | min
 

@@ -79,6 +79,14 @@ def test_worker_output_is_tidied_and_library_notices_and_false_alarms_stay_out(m
     dispatcher.emit(batch)
     dispatcher.emit({**batch, "lines": ["[2026-12-02 13:51:43,001 W 1 2] raylet_client.cc:40: only Ray's"]})
     dispatcher.emit({**batch, "actor_name": "PlacementGroupCleaner", "lines": ["Detected that the Ray Train ..."]})
+    # A worker Tune stops mid-step dumps its stack: from Ray's announcement on, its lines stay in its log file.
+    dispatcher.emit({**batch, "pid": 8, "lines": ["[train] step 200/300 loss 3.2",
+                                                  "[2026-12-02 17:18:29,574 E 8 9] logging.cc:125: Stack trace: "]})
+    dispatcher.emit({**batch, "pid": 8, "lines": [" /x/_raylet.so(+0x1812b9a) [0x7fe139a12b9a] ray::operator<<()",
+                                                  "*** SIGABRT received at time=1796231909 on cpu 1 ***"]})
+    assert capsys.readouterr().err == "[train] step 200/300 loss 3.2\n"
+    dispatcher.emit({"pid": "raylet", "is_err": False, "lines": [
+        "WARNING: 8 PYTHON worker processes have been started on node: 6bea with address: 192.0.2.2, which is 4x"]})
     assert printed == [{**batch, "lines": batch["lines"][1:]}]
     # The project's own "[stage] ..." lines print without Ray's "(RayTrainWorker pid=...)" prefix, in order.
     printed.clear()

@@ -110,3 +110,14 @@ def test_every_project_path_in_the_readme_exists():
         paths = {p for p in paths if not p.startswith("deploy/")}
     missing = sorted(p for p in paths if not _exists(p))
     assert not missing, f"the README names files that do not exist: {missing}"
+
+
+def test_the_readme_demo_transcript_is_cut_from_the_committed_capture():
+    # Every line the README shows (`...` elides) is a line of docs/demo-output.txt, a real `nmt demo` run.
+    capture = [line.rstrip() for line in (ROOT / "docs" / "demo-output.txt").read_text().splitlines()]
+    transcript = next(block for block in FENCED.findall(README) if "=== [1/4]" in block)
+    shown = [line.rstrip() for line in transcript.splitlines() if line.strip() not in ("", "...")]
+    assert len(shown) > 20
+    for line in shown:
+        pattern = re.compile(re.escape(line).replace(re.escape("..."), ".*"))
+        assert any(pattern.fullmatch(real) for real in capture), f"not in docs/demo-output.txt: {line!r}"

@@ -81,3 +81,15 @@ def test_a_run_made_by_mlflow_run_becomes_the_commands_run_keeping_its_source_ta
         other = tracking.start_run(uri, "project", "train-2", {}, {}, adopt_run_id="0" * 32)
     assert other not in (made, "0" * 32) and "MLFLOW_RUN_ID" in caplog.text
     assert client.get_run(other).data.tags["mlflow.source.name"] == "nmt"
+
+
+def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
+    store, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # `nmt demo --workdir work`, started from another directory
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, "artifacts", "run-a", {}, {})
+    (elsewhere / "note.txt").write_text("hello")
+    tracking.log_artifacts(uri, run_id, [elsewhere / "note.txt"])
+    assert list((store / "mlruns").rglob("note.txt")) and not (elsewhere / "mlruns").exists()

@@ -3,7 +3,7 @@
 
 import pytest
 from mlflow.tracking import MlflowClient
-from small import small_config
+from small import ROOT, small_config
 
 from pipeline.cli import main
 from pipeline.config import ConfigError, load_config
@@ -78,3 +78,23 @@ def test_asha_never_judges_a_trial_before_the_longest_warmup_unless_told(tmp_pat
     assert f"ASHA: first rung at update {rung} " in caplog.text
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert (warning is None and not warnings) or (len(warnings) == 1 and warning in warnings[0]), warnings
+
+
+@pytest.mark.parametrize("search", ["random", "optuna"])
+def test_the_same_space_and_seed_sample_the_same_trials(search):
+    from ray.tune.experiment import Experiment
+
+    from pipeline.tune.sweep import _search
+
+    def draw(seed: int) -> list[dict]:
+        cfg = load_config(ROOT / "configs" / "demo.yaml", [f"tune.search={search}", f"tune.seed={seed}"])
+        algorithm, param_space, samples = _search(cfg, load_space(str(ROOT / "tune_spaces" / "demo.yaml"), cfg), 4)
+        if search == "optuna":
+            algorithm.set_search_properties(cfg.tune.metric, cfg.tune.mode, param_space)
+            return [algorithm.suggest(f"t{i}") for i in range(samples)]
+        algorithm.add_configurations([Experiment("x", run=lambda config: None, config=param_space,
+                                                 num_samples=samples)])
+        return [algorithm.next_trial().config for _ in range(samples)]
+
+    first = draw(0)
+    assert len(first) == 4 and draw(0) == first and draw(1) != first

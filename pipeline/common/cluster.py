@@ -17,9 +17,17 @@ logger = log.get("ray")
 # core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' ...". Ray writes it to the
 # worker's log file in its session directory as well.
 RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [DIWEF] \d+ \d+\] \w+\.cc:\d+: ")
+# Ray's C++ core of a dying worker announces a stack dump. It follows when Tune stops a trial
+# whose workers are mid-step (ASHA's early stops): a hundred lines of frames and a faulthandler
+# trace, all in the worker's log file too. The rest of that process's output stays there.
+RAY_STACK_DUMP = re.compile(r"\.cc:\d+: Stack trace:\s*$")
 # Ray's own actors, whose notices ("Detected that the Ray Train controller actor ... is dead.
 # Cleaning up placement group") stay in Ray's log files.
 RAY_ACTORS = {"PlacementGroupCleaner"}
+# The raylet's notice that a trial's start-up began more worker processes than it has CPUs:
+# every Tune trial starts a few actors at once, on any cluster size. Other raylet lines (a
+# worker killed for memory, say) still show.
+RAYLET_NOTICE = re.compile(r"PYTHON worker processes have been started on node")
 # A line of this project's own log format ("[train] step 10/200 ..."; see common/log.py).
 OWN_LINE = re.compile(r"^\[[a-z][\w.-]*\] ")
 
@@ -40,7 +48,7 @@ def ensure_ray(address: str | None = None) -> None:
 
 
 def _tidy_worker_output() -> None:
-    """Print the workers' "[stage] ..." lines as written; keep Ray's C++ lines and its actors' notices out.
+    """Print the workers' "[stage] ..." lines as written; keep Ray's C++ lines, dumps and notices out.
 
     Ray prefixes every forwarded line with "(RayTrainWorker pid=...)"; the project's own lines name
     their stage already, so they print bare, and other lines keep the prefix that says where they
@@ -55,10 +63,17 @@ def _tidy_worker_output() -> None:
         return
 
     def wrap(forward):
+        dying: set = set()  # (ip, pid) of workers whose stack dump has begun
+
         def tidied(data):
-            if data.get("actor_name") in RAY_ACTORS:
+            if data.get("actor_name") in RAY_ACTORS or (data.get("ip"), data.get("pid")) in dying:
                 return
-            lines = [line for line in data.get("lines", []) if not RAY_CORE_LINE.match(line)]
+            lines = data.get("lines", [])
+            dump = next((i for i, line in enumerate(lines) if RAY_STACK_DUMP.search(line)), None)
+            if dump is not None:
+                dying.add((data.get("ip"), data.get("pid")))
+                lines = lines[:dump]
+            lines = [line for line in lines if not RAY_CORE_LINE.match(line) and not RAYLET_NOTICE.search(line)]
             if any(OWN_LINE.match(line) for line in lines):
                 sink = sys.stderr if data.get("is_err") else sys.stdout
                 for line in lines:  # in order: an own line bare, the others through Ray's handler

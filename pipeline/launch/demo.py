@@ -21,8 +21,8 @@ EXAMPLES = 3  # translations shown at the end
 # The sweep's trials are short: a fixed number of updates, validated every 100. ASHA's first rung
 # is the longest warmup of the space (200): the demo model starts translating after about 150
 # updates of 2 x 4096 tokens, and no trial is judged while it is still warming up.
-# A progress line every 50 updates (~15 s here) keeps the whole demo to about 80 lines.
-FULL = ["train.max_steps=300", "train.epochs=100", "train.val_interval=100", "train.log_every=50",
+# A progress line every 75 updates (~20 s here; 50 in --quick) keeps the whole demo to about 80 lines.
+FULL = ["train.max_steps=300", "train.epochs=100", "train.val_interval=100", "train.log_every=75",
         "train.average_last=2", "tune.num_samples=4", "tune.name=demo"]
 # --quick (CI): a smaller corpus, two 200-update trials that both run to the end (their warmup is
 # the whole run's first 200 updates: there is nothing for ASHA to judge fairly). The demo model

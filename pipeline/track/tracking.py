@@ -166,6 +166,18 @@ def standard_tags(source: str) -> dict[str, str]:
     return tags
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps artifacts: with an SQLite store, mlruns/ beside the database.
+
+    MLflow's default there is ./mlruns of whatever directory the command runs in, so `nmt demo
+    --workdir DIR` would leave its artifacts in the current directory. Elsewhere the store (an
+    MLflow server's --artifacts-destination) decides: None.
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns")
+
+
 def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
               parent_run_id: str | None = None, source: str = "nmt", adopt_run_id: str | None = None) -> str:
     """The id of the MLflow run for run_name: the existing one when resuming, else a new one.
@@ -180,7 +192,8 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
 
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    experiment_id = (found.experiment_id if found else
+                     client.create_experiment(experiment, artifact_location=artifact_location(uri)))
     existing = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
                                   max_results=1)
     if existing:

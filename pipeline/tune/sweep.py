@@ -132,13 +132,20 @@ def _scheduler(cfg: Config, space: dict):
                          grace_period=first_rung(cfg, space), reduction_factor=cfg.tune.reduction_factor)
 
 
-def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:
-    """(search algorithm or None, param_space, num_samples) for tune.search."""
+def _search(cfg: Config, space: dict, concurrent: int) -> tuple[Any, dict, int]:
+    """(search algorithm, param_space, num_samples) for tune.search, seeded by tune.seed.
+
+    The algorithm runs at most `concurrent` trials at once itself: Tune's max_concurrent_trials
+    would be ignored for a seeded BasicVariantGenerator.
+    """
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+
     param_space, samples = to_tune(space), cfg.tune.num_samples
     if cfg.tune.search == "grid":
         param_space = to_tune({k: ("grid", args) if name == "choice" else (name, args)
                                for k, (name, args) in space.items()})
-        return None, param_space, 1 if all(n in ("choice", "grid") for n, _ in space.values()) else samples
+        samples = 1 if all(n in ("choice", "grid") for n, _ in space.values()) else samples
+        return BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent), param_space, samples
     if cfg.tune.search == "optuna":
         try:
             from ray.tune.search.optuna import OptunaSearch
@@ -147,8 +154,9 @@ def _search(cfg: Config, space: dict) -> tuple[Any, dict, int]:
                 from None
         if grid_size(space) > 1:
             raise UserError("tune.search=optuna cannot sample grid keys; use choice instead of grid")
-        return OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode), param_space, samples
-    return None, param_space, samples
+        optuna = OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode, seed=cfg.tune.seed)
+        return ConcurrencyLimiter(optuna, max_concurrent=concurrent), param_space, samples
+    return BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent), param_space, samples
 
 
 def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool | None = False,
@@ -184,15 +192,14 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
-    search_alg, param_space, samples = _search(cfg, space)
+    search_alg, param_space, samples = _search(cfg, space, max_concurrent(cfg))
     if exists:
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
     else:
         tuner = tune.Tuner(
             trainable, param_space=param_space,
             tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
-                                        scheduler=_scheduler(cfg, space), search_alg=search_alg,
-                                        max_concurrent_trials=max_concurrent(cfg)),
+                                        scheduler=_scheduler(cfg, space), search_alg=search_alg),
             # Tune's status tables only with `nmt -v`; by default one line per trial start and end.
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=int(log.verbose()),
                                       callbacks=[trial_lines(cfg.train.max_steps)]),
