@@ -109,3 +109,27 @@ def test_worker_output_is_tidied_and_library_notices_and_false_alarms_stay_out(m
 
     assert not data_logger.filter(record("Warning: The Ray cluster currently does not have any available CPUs."))
     assert data_logger.filter(record("another warning"))
+
+
+def test_translating_shows_a_bar_on_a_terminal_and_progress_lines_elsewhere(monkeypatch, caplog):
+    import io
+    import logging
+    import sys
+
+    from pipeline.serve.commands import translate
+
+    def engine(texts, beam):
+        return [text.upper() for text in texts]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        assert translate(engine, ["a"] * 100, 1, batch_size=10, progress=True) == ["A"] * 100
+        assert "[translate]" in terminal.getvalue() and "100/100" in terminal.getvalue() and not caplog.records
+        monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file or a pipe: lines, no bar
+        assert translate(engine, ["b"] * 100, 1, batch_size=10, progress=True) == ["B"] * 100
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == ["100/100 sentences"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -66,11 +67,23 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
 
 def translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int = 32,
               progress: bool = False) -> list[str]:
-    """Translations in batches, with progress lines (every few seconds) for long inputs."""
+    """Translations in batches, with progress: a bar on a terminal, elsewhere a line every few seconds."""
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        with tqdm(total=len(texts), unit="sentence", desc="[translate]", file=sys.stderr) as bar:
+            return _translate(engine, texts, beam_size, batch_size, progress=False, on_batch=bar.update)
+    return _translate(engine, texts, beam_size, batch_size, progress)
+
+
+def _translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int, progress: bool,
+               on_batch: Callable[[int], object] | None = None) -> list[str]:
     out: list[str] = []
     started = last_line = time.perf_counter()
     for start in range(0, len(texts), batch_size):
-        out.extend(engine(texts[start: start + batch_size], beam_size))
+        out.extend(batch := engine(texts[start: start + batch_size], beam_size))
+        if on_batch:
+            on_batch(len(batch))
         now = time.perf_counter()
         if progress and (now - last_line >= PROGRESS_EVERY_S or len(out) == len(texts)):
             rate = len(out) / max(now - started, 1e-9)
