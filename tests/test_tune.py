@@ -84,11 +84,12 @@ def test_asha_never_judges_a_trial_before_the_longest_warmup_unless_told(tmp_pat
 def test_the_same_space_and_seed_sample_the_same_trials(search):
     from ray.tune.experiment import Experiment
 
-    from pipeline.tune.sweep import _search
+    from pipeline.tune.sweep import search_algorithm
 
     def draw(seed: int) -> list[dict]:
         cfg = load_config(ROOT / "configs" / "demo.yaml", [f"tune.search={search}", f"tune.seed={seed}"])
-        algorithm, param_space, samples = _search(cfg, load_space(str(ROOT / "tune_spaces" / "demo.yaml"), cfg), 4)
+        space = load_space(str(ROOT / "tune_spaces" / "demo.yaml"), cfg)
+        algorithm, param_space, samples = search_algorithm(cfg, space, 4)
         if search == "optuna":
             algorithm.set_search_properties(cfg.tune.metric, cfg.tune.mode, param_space)
             return [algorithm.suggest(f"t{i}") for i in range(samples)]

@@ -132,7 +132,7 @@ def _scheduler(cfg: Config, space: dict):
                          grace_period=first_rung(cfg, space), reduction_factor=cfg.tune.reduction_factor)
 
 
-def _search(cfg: Config, space: dict, concurrent: int) -> tuple[Any, dict, int]:
+def search_algorithm(cfg: Config, space: dict, concurrent: int) -> tuple[Any, dict, int]:
     """(search algorithm, param_space, num_samples) for tune.search, seeded by tune.seed.
 
     The algorithm runs at most `concurrent` trials at once itself: Tune's max_concurrent_trials
@@ -192,7 +192,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
-    search_alg, param_space, samples = _search(cfg, space, max_concurrent(cfg))
+    search_alg, param_space, samples = search_algorithm(cfg, space, max_concurrent(cfg))
     if exists:
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
     else:
