@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import torch
 
+from . import storage
 from .errors import UserError
 
 MODEL_FILE = "model.pt"  # model weights, optimizer, scheduler, scaler, progress (rank 0)
@@ -52,12 +54,17 @@ def save(directory: str | Path, rank: int, training_state: dict[str, Any] | None
 
 
 def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The training state of a checkpoint directory; loads tensors and plain containers only."""
-    path = Path(directory) / MODEL_FILE
-    if not path.is_file():
+    """The training state of a checkpoint directory, local or a storage URI; tensors and plain containers only."""
+    if storage.is_uri(str(directory)):  # read whole: an object store has no file to map
+        path = storage.join(str(directory), MODEL_FILE)
+        source = io.BytesIO(storage.read_bytes(path)) if storage.exists(path) else None
+    else:
+        path = Path(directory) / MODEL_FILE
+        source = path if path.is_file() else None
+    if source is None:
         raise UserError(f"{directory}: not a training checkpoint (no {MODEL_FILE})")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(source, map_location=map_location, weights_only=True)
     except Exception as err:  # a crafted pickle or a truncated file: refuse it, say which
         raise UserError(f"{path}: cannot be loaded safely ({type(err).__name__}: {str(err)[:200]})") from None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import tempfile
@@ -68,29 +69,26 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
 def translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int = 32,
               progress: bool = False) -> list[str]:
     """Translations in batches, with progress: a bar on a terminal, elsewhere a line every few seconds."""
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        with tqdm(total=len(texts), unit="sentence", desc="[translate]", file=sys.stderr) as bar:
-            return _translate(engine, texts, beam_size, batch_size, progress=False, on_batch=bar.update)
-    return _translate(engine, texts, beam_size, batch_size, progress)
-
-
-def _translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int, progress: bool,
-               on_batch: Callable[[int], object] | None = None) -> list[str]:
     out: list[str] = []
     started = last_line = time.perf_counter()
-    for start in range(0, len(texts), batch_size):
-        out.extend(batch := engine(texts[start: start + batch_size], beam_size))
-        if on_batch:
-            on_batch(len(batch))
-        now = time.perf_counter()
-        if progress and (now - last_line >= PROGRESS_EVERY_S or len(out) == len(texts)):
-            rate = len(out) / max(now - started, 1e-9)
-            eta = (len(texts) - len(out)) / max(rate, 1e-9)
-            logger.info(f"{len(out)}/{len(texts)} sentences, {rate:.1f}/s, ETA {eta:.0f}s")
-            last_line = now
+    with _progress_bar(len(texts)) if progress and sys.stderr.isatty() else contextlib.nullcontext() as bar:
+        for start in range(0, len(texts), batch_size):
+            out.extend(batch := engine(texts[start: start + batch_size], beam_size))
+            now = time.perf_counter()
+            if bar is not None:
+                bar.update(len(batch))
+            elif progress and (now - last_line >= PROGRESS_EVERY_S or len(out) == len(texts)):
+                rate = len(out) / max(now - started, 1e-9)
+                eta = (len(texts) - len(out)) / max(rate, 1e-9)
+                logger.info(f"{len(out)}/{len(texts)} sentences, {rate:.1f}/s, ETA {eta:.0f}s")
+                last_line = now
     return out
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sentence", desc="[translate]", file=sys.stderr)
 
 
 def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], list[str], str]:

@@ -147,11 +147,17 @@ class Tokenizer:
     def load(cls, directory: str | Path) -> Tokenizer:
         """The tokenizer saved in directory by save()."""
         directory = Path(directory)
-        if (directory / JOINT_FILE).is_file():
-            return cls((directory / JOINT_FILE).read_bytes())
-        if (directory / SRC_FILE).is_file() and (directory / TGT_FILE).is_file():
-            return cls((directory / SRC_FILE).read_bytes(), (directory / TGT_FILE).read_bytes())
-        raise UserError(f"{directory}: no SentencePiece model ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE})")
+        return cls.from_files({name: (directory / name).read_bytes() for name in (JOINT_FILE, SRC_FILE, TGT_FILE)
+                               if (directory / name).is_file()}, str(directory))
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes], where: str) -> Tokenizer:
+        """The tokenizer whose files() these are (file name -> serialized model), read from `where`."""
+        if JOINT_FILE in files:
+            return cls(files[JOINT_FILE])
+        if SRC_FILE in files and TGT_FILE in files:
+            return cls(files[SRC_FILE], files[TGT_FILE])
+        raise UserError(f"{where}: no SentencePiece model ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE})")
 
 
 def _train_model(sentences: Iterable[str], vocab_size: int, model_type: str,

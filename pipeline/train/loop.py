@@ -15,7 +15,6 @@ import random
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -232,8 +231,7 @@ class Replica:
                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                      "progress": self.progress.__dict__, "model_config": self.model_cfg.to_dict(),
                      "metrics": metrics}
-            for name, proto in self.tokenizer.files().items():  # a checkpoint can be fine-tuned from alone
-                (Path(directory) / name).write_bytes(proto)
+            self.tokenizer.save(directory)  # a checkpoint can be fine-tuned from on its own
         checkpoint.save(directory, self.ctx.world_rank, state)
         self.ctx.report({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
 

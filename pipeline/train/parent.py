@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -71,23 +68,17 @@ def _from_registry(spec: str, model_uri: str, described: str, uri: str) -> Paren
 
 def _from_checkpoint(spec: str) -> Parent:
     """A training checkpoint directory (a local path or a storage URI) with its tokenizer files."""
-    model_file = storage.join(spec, checkpoint.MODEL_FILE)
-    if not storage.exists(model_file):
+    if not storage.exists(storage.join(spec, checkpoint.MODEL_FILE)):
         raise UserError(f"train.init_from={spec!r} is not a models:/ URI, an MLflow run id (32 hex digits) "
                         f"or a training checkpoint directory (no {checkpoint.MODEL_FILE} there)")
+    state = checkpoint.load(spec)
+    files = {name: storage.read_bytes(path) for name in (JOINT_FILE, SRC_FILE, TGT_FILE)
+             if storage.exists(path := storage.join(spec, name))}
     try:
-        state = torch.load(io.BytesIO(storage.read_bytes(model_file)), map_location="cpu", weights_only=True)
-    except Exception as err:  # a crafted pickle or a truncated file: refuse it, say which
-        raise UserError(f"{model_file}: cannot be loaded safely ({type(err).__name__}: {str(err)[:200]})") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in (JOINT_FILE, SRC_FILE, TGT_FILE):
-            if storage.exists(source := storage.join(spec, name)):
-                (Path(tmp) / name).write_bytes(storage.read_bytes(source))
-        try:
-            tokenizer = Tokenizer.load(tmp)
-        except UserError:
-            raise UserError(f"train.init_from={spec!r}: the checkpoint holds no tokenizer (written by an older "
-                            "version); start from the run's registered model (models:/NAME/VERSION) instead") from None
+        tokenizer = Tokenizer.from_files(files, spec)
+    except UserError:
+        raise UserError(f"train.init_from={spec!r}: the checkpoint holds no tokenizer (written by an older "
+                        "version); start from the run's registered model (models:/NAME/VERSION) instead") from None
     return Parent(spec, f"checkpoint {spec}", TransformerConfig.from_dict(state["model_config"]), tokenizer,
                   state["model"])
 

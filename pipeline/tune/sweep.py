@@ -145,8 +145,7 @@ def search_algorithm(cfg: Config, space: dict, concurrent: int) -> tuple[Any, di
         param_space = to_tune({k: ("grid", args) if name == "choice" else (name, args)
                                for k, (name, args) in space.items()})
         samples = 1 if all(n in ("choice", "grid") for n, _ in space.values()) else samples
-        return BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent), param_space, samples
-    if cfg.tune.search == "optuna":
+    elif cfg.tune.search == "optuna":
         try:
             from ray.tune.search.optuna import OptunaSearch
         except ImportError:
