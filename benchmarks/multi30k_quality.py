@@ -6,7 +6,9 @@ Trains configs/multi30k_en_de.yaml with `nmt train`'s code path (Ray Train, MLfl
 translates test_2016_flickr with the last checkpoint and with the average of the last
 train.average_last checkpoints, and prints JSON: cased detokenized sacreBLEU, chrF,
 lowercased tokenized BLEU (as published Multi30k results are scored), training time,
-tokens/s and the parameter count. Writes the learning curve to --plot.
+tokens/s and the parameter count. Beam size and length penalty are chosen on the validation
+split (--beams x --alphas, by cased BLEU) for each model; test_2016_flickr is decoded once, with
+that choice. Writes the learning curve to --plot.
 """
 
 from __future__ import annotations
@@ -41,14 +43,25 @@ def _checkpoints(run_dir: Path) -> list[dict]:
     return sorted(found, key=lambda c: (c["step"], "averaged" in c))
 
 
-def _test_scores(path: str, manifest, beam: int, alpha: float) -> dict:
-    test = pq.read_table(manifest.split_dir("test"), columns=["row", "src", "tgt"]).sort_by("row")
+def _scores(path: str, manifest, split: str, beam: int, alpha: float) -> dict:
+    """BLEU (cased, lowercased) and chrF of one checkpoint on one split, decoded with this beam and alpha."""
+    table = pq.read_table(manifest.split_dir(split), columns=["row", "src", "tgt"]).sort_by("row")
     translator = Translator.from_checkpoint(path, manifest.tokenizer(), beam_size=beam, alpha=alpha)
     started = time.perf_counter()
-    hyps = translator.translate(test.column("src").to_pylist())
-    scores = score_with_signatures(hyps, test.column("tgt").to_pylist())
+    hyps = translator.translate(table.column("src").to_pylist())
+    scores = score_with_signatures(hyps, table.column("tgt").to_pylist())
     return {**scores, "sentences": len(hyps), "decode_s": round(time.perf_counter() - started, 1),
-            "examples": list(zip(test.column("src").to_pylist()[:3], hyps[:3]))}
+            "examples": list(zip(table.column("src").to_pylist()[:3], hyps[:3]))}
+
+
+def _evaluate(path: str, manifest, beams: list[int], alphas: list[float]) -> dict:
+    """Beam and alpha chosen by validation BLEU, then test scores with them (test is decoded once)."""
+    settings = {(b, a if b > 1 else alphas[0]) for b in beams for a in alphas}  # greedy has no length penalty
+    tried = {(b, a): _scores(path, manifest, "validation", b, a)["bleu"] for b, a in sorted(settings)}
+    beam, alpha = max(tried, key=tried.get)
+    return {"beam": beam, "alpha": alpha, "val_bleu_by_decoding": {f"beam {b}, alpha {a}": round(v, 2)
+                                                                     for (b, a), v in tried.items()},
+            **_scores(path, manifest, "test", beam, alpha)}
 
 
 def main() -> int:
@@ -62,6 +75,9 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/multi30k_quality.json"))
     parser.add_argument("--plot", default=str(ROOT / "benchmarks/multi30k_quality.png"))
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam sizes tried on validation")
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 1.0],
+                        help="length penalties tried on validation")
     args = parser.parse_args()
 
     work = Path(args.workdir).resolve()
@@ -81,7 +97,6 @@ def main() -> int:
     kept = _checkpoints(Path(outcome.storage_path) / outcome.run_name)
     final = [c for c in kept if "averaged" not in c][-1]
     averaged = [c for c in kept if "averaged" in c]
-    beam, alpha = cfg.train.beam_size, cfg.train.length_penalty
     training = max(v for _, v in history["train_seconds"])
     validating = sum(v for _, v in history["val_seconds"])
     result = {
@@ -93,12 +108,12 @@ def main() -> int:
         "updates": final["step"], "epochs": final["epoch"],
         "tokens_per_s": round(sum(v for _, v in history["tokens_per_s"]) / max(len(history["tokens_per_s"]), 1)),
         "parameters": Translator.from_checkpoint(final["path"], outcome.manifest.tokenizer()).model.num_parameters(),
-        "workers": cfg.train.num_workers, "beam": beam, "alpha": alpha,
-        "final": {"val_bleu": final["val_bleu"], **_test_scores(final["path"], outcome.manifest, beam, alpha)},
+        "workers": cfg.train.num_workers, "validation_beam": cfg.train.beam_size,
+        "final": {"val_bleu": final["val_bleu"], **_evaluate(final["path"], outcome.manifest, args.beams, args.alphas)},
     }
     if averaged:
         result["averaged"] = {"checkpoints": averaged[-1]["averaged"], "val_bleu": averaged[-1]["val_bleu"],
-                              **_test_scores(averaged[-1]["path"], outcome.manifest, beam, alpha)}
+                              **_evaluate(averaged[-1]["path"], outcome.manifest, args.beams, args.alphas)}
     result["val_bleu_curve"] = [(s, round(v, 2)) for s, v in history["val_bleu"]]
     result["val_seconds_curve"] = [(s, round(v, 1)) for s, v in history["val_seconds"]]
     figure = learning_curves(history, "Multi30k en-de, Transformer-Tiny, 2 CPU workers")

@@ -120,6 +120,7 @@ class TuneConfig:
     name: str = ""  # the sweep's name (its storage directory and MLflow parent run); "" derives one
     search: str = "random"  # random | grid | optuna
     seed: int = 0  # seed of the random and optuna searches: the same space and seed sample the same trials
+    start_with_base: bool = False  # random, optuna: the first trial takes the config's own values (a baseline)
     metric: str = "val_bleu"  # what the scheduler and the best trial go by
     mode: str = "max"  # max | min
 

@@ -6,7 +6,8 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, small_config
 
 from pipeline.cli import main
-from pipeline.config import ConfigError, load_config
+from pipeline.common.errors import UserError
+from pipeline.config import Config, ConfigError, load_config
 from pipeline.tune.search_space import apply, load_space
 from pipeline.tune.sweep import sweep
 
@@ -80,22 +81,37 @@ def test_asha_never_judges_a_trial_before_the_longest_warmup_unless_told(tmp_pat
     assert (warning is None and not warnings) or (len(warnings) == 1 and warning in warnings[0]), warnings
 
 
-@pytest.mark.parametrize("search", ["random", "optuna"])
-def test_the_same_space_and_seed_sample_the_same_trials(search):
+def _draw(search: str, settings: list[str]) -> tuple[list[dict], Config]:
+    """The trials a search of the demo space proposes first, without running them; and its config."""
     from ray.tune.experiment import Experiment
 
     from pipeline.tune.sweep import search_algorithm
 
-    def draw(seed: int) -> list[dict]:
-        cfg = load_config(ROOT / "configs" / "demo.yaml", [f"tune.search={search}", f"tune.seed={seed}"])
-        space = load_space(str(ROOT / "tune_spaces" / "demo.yaml"), cfg)
-        algorithm, param_space, samples = search_algorithm(cfg, space, 4)
-        if search == "optuna":
-            algorithm.set_search_properties(cfg.tune.metric, cfg.tune.mode, param_space)
-            return [algorithm.suggest(f"t{i}") for i in range(samples)]
-        algorithm.add_configurations([Experiment("x", run=lambda config: None, config=param_space,
-                                                 num_samples=samples)])
-        return [algorithm.next_trial().config for _ in range(samples)]
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"tune.search={search}", *settings])
+    space = load_space(str(ROOT / "tune_spaces" / "demo.yaml"), cfg)
+    algorithm, param_space, samples = search_algorithm(cfg, space, 4)
+    if search == "optuna":
+        algorithm.set_search_properties(cfg.tune.metric, cfg.tune.mode, param_space)
+        return [algorithm.suggest(f"t{i}") for i in range(samples)], cfg
+    algorithm.add_configurations([Experiment("x", run=lambda config: None, config=param_space, num_samples=samples)])
+    return [algorithm.next_trial().config for _ in range(samples)], cfg
 
-    first = draw(0)
-    assert len(first) == 4 and draw(0) == first and draw(1) != first
+
+@pytest.mark.parametrize("search", ["random", "optuna"])
+def test_the_same_space_and_seed_sample_the_same_trials(search):
+    first = _draw(search, ["tune.seed=0"])[0]
+    assert len(first) == 4 and _draw(search, ["tune.seed=0"])[0] == first and _draw(search, ["tune.seed=1"])[0] != first
+
+
+@pytest.mark.parametrize("search", ["random", "optuna"])
+def test_start_with_base_makes_the_config_itself_the_first_trial(search):
+    inside = ["tune.start_with_base=true", "train.warmup_steps=200", "train.lr_scale=1.5"]
+    trials, cfg = _draw(search, inside)
+    base = {key: cfg.flat()[key] for key in trials[0]}
+    assert len(trials) == cfg.tune.num_samples == 4  # the baseline is one of num_samples
+    assert trials[0] == base and all(t != base for t in trials[1:])
+    with pytest.raises(UserError, match="tune.start_with_base needs"):
+        _draw("grid", inside)
+    # The demo config's warmup (400) is not among the space's choices (100, 200).
+    with pytest.raises(ConfigError, match=r"train.warmup_steps is 400 in the config, outside the space's choice"):
+        _draw(search, ["tune.start_with_base=true"])

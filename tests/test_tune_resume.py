@@ -12,7 +12,10 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-MAX_STEPS = 140
+MAX_STEPS = 160
+# Each stop waits for a window of several validations (every 20 updates): results reach MLflow in
+# bursts on a loaded machine, and a window of one or two validations was missed there.
+FIRST_STOP = 80
 
 
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
@@ -25,8 +28,7 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
                  f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
                  "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
                  f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100",
-                 # Batches twice the small config's: a validation window of 40 updates lasts a few
-                 # seconds, long enough to stop the command inside it.
+                 # Batches twice the small config's, so that each stop window lasts long enough in seconds.
                  "train.max_tokens=4096"]:
         command += ["--set", item]
     client = MlflowClient(uri)
@@ -63,9 +65,9 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
         return max(steps(run.info.run_id, "val_bleu"), default=0)
 
     def finished_and_early(runs):
-        """A finished trial, and one validated (so checkpointed) at most twice of seven."""
+        """A finished trial, and one validated (so checkpointed) but at most half way."""
         return (any(r.info.status == "FINISHED" for r in runs)
-                and any(r.info.status == "RUNNING" and 0 < validated(r) <= 40 for r in runs))
+                and any(r.info.status == "RUNNING" and 0 < validated(r) <= FIRST_STOP for r in runs))
 
     code, log = run_until(command, finished_and_early, "sigint.log", signal.SIGINT)
     assert code == 130 and "nmt tune: interrupted; the same command with --resume" in log, log[-3000:]
@@ -78,9 +80,9 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     (killed_run,) = [r.info.run_id for r in trial_runs() if r.info.status != "FINISHED"]
     checkpointed = max(steps(killed_run, "val_bleu"))
 
-    # Resumed, then killed outright once the interrupted trial has validated twice more.
+    # Resumed, then killed outright once the interrupted trial has validated (and checkpointed) again.
     code, log = run_until([*command, "--resume"], lambda runs: any(
-        r.info.run_id == killed_run and checkpointed + 40 <= validated(r) < MAX_STEPS for r in runs),
+        r.info.run_id == killed_run and checkpointed < validated(r) < MAX_STEPS for r in runs),
         "sigkill.log", signal.SIGKILL)
     assert code == -signal.SIGKILL
 

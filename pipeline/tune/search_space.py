@@ -49,6 +49,19 @@ def largest(space: dict[str, tuple[str, list]], key: str, default: Any) -> Any:
     return args[1] - 1 if name == "randint" else args[1]  # randint's high is exclusive, the others' inclusive
 
 
+def base_point(space: dict[str, tuple[str, list]], base: Config) -> dict[str, Any]:
+    """The base config's values of the swept keys, each checked to lie in the space (searches sample only there)."""
+    point = {key: base.flat()[key] for key in space}
+    for key, value in point.items():
+        name, args = space[key]
+        inside = value in args if name in ("choice", "grid") else (
+            isinstance(value, (int, float)) and args[0] <= value <= (args[1] - 1 if name == "randint" else args[1]))
+        if not inside:
+            raise ConfigError(f"tune.start_with_base: {key} is {value!r} in the config, outside the space's "
+                              f"{name} {args}; set it inside with --set {key}=..., or leave start_with_base off")
+    return point
+
+
 def _distribution(key: str, spec: Any, where: str) -> tuple[str, list]:
     if not isinstance(spec, dict) or len(spec) != 1:
         raise ConfigError(f"{where}: {key} needs exactly one distribution, e.g. '{key}: {{choice: [1, 2]}}'; "

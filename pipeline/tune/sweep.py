@@ -22,7 +22,7 @@ from ..track import tracking
 from ..track.publish import dataset_inputs, publish
 from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
-from .search_space import apply, grid_size, largest, load_space, to_tune
+from .search_space import apply, base_point, grid_size, largest, load_space, to_tune
 from .summary import SweepOutcome, best_trial, log_summary, summarize, trial_lines
 
 logger = log.get("tune")
@@ -141,7 +141,11 @@ def search_algorithm(cfg: Config, space: dict, concurrent: int) -> tuple[Any, di
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
     param_space, samples = to_tune(space), cfg.tune.num_samples
+    # The base config as the first trial: a baseline under the sweep's own budget and scheduler.
+    base = [base_point(space, cfg)] if cfg.tune.start_with_base else None
     if cfg.tune.search == "grid":
+        if base:
+            raise UserError("tune.start_with_base needs tune.search=random or optuna (a grid has its own points)")
         param_space = to_tune({k: ("grid", args) if name == "choice" else (name, args)
                                for k, (name, args) in space.items()})
         samples = 1 if all(n in ("choice", "grid") for n, _ in space.values()) else samples
@@ -153,9 +157,11 @@ def search_algorithm(cfg: Config, space: dict, concurrent: int) -> tuple[Any, di
                 from None
         if grid_size(space) > 1:
             raise UserError("tune.search=optuna cannot sample grid keys; use choice instead of grid")
-        optuna = OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode, seed=cfg.tune.seed)
+        optuna = OptunaSearch(metric=cfg.tune.metric, mode=cfg.tune.mode, seed=cfg.tune.seed,
+                              points_to_evaluate=base)
         return ConcurrencyLimiter(optuna, max_concurrent=concurrent), param_space, samples
-    return BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent), param_space, samples
+    return (BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent, points_to_evaluate=base),
+            param_space, samples)
 
 
 def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool | None = False,
