@@ -10,8 +10,8 @@ shipped config itself (tune.start_with_base), so it is judged under the same bud
 scheduler as the rest. ASHA's first rung falls where the longest warmup in the space ends.
 
 Writes to --out: trials.csv (the parent run's table), best_config.yaml (the whole config of the
-best trial), val_bleu_vs_*.png (the parent run's plots) and summary.json (wall time, CPU-hours,
-the rung, the shipped config's and the best trial's val_bleu, every trial's val_bleu history).
+best trial) and summary.json (wall time, CPU-hours, the rung, the shipped config's and the best
+trial's val_bleu, every trial's val_bleu history); the parent run's val_bleu_vs_*.png go to --plots.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(ROOT / "benchmarks/.multi30k_sweep"),
                         help="prepared data, checkpoints and the MLflow store")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/multi30k_sweep"), help="where the results go")
+    parser.add_argument("--plots", default=str(ROOT / "docs/images/multi30k_sweep"), help="where the plots go")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     log.setup()
@@ -84,9 +85,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     artifacts = Path(mlflow.artifacts.download_artifacts(run_id=outcome.parent_run_id, tracking_uri=uri,
                                                          dst_path=str(work / "parent")))
-    for name in ("trials.csv", "best_config.yaml", "val_bleu_vs_*.png"):
+    Path(args.plots).mkdir(parents=True, exist_ok=True)
+    for name, where in (("trials.csv", out), ("best_config.yaml", out), ("val_bleu_vs_*.png", Path(args.plots))):
         for found in artifacts.rglob(name):
-            shutil.copy(found, out / found.name)
+            shutil.copy(found, where / found.name)
     space = load_space(SPACE, cfg)
     (base,) = [t for t in outcome.trials if t["params"] == base_point(space, cfg)]  # the shipped config's trial
     summary = {

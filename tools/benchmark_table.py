@@ -56,8 +56,8 @@ HEADLINES = [
      "1 worker: {train_overhead[ray_1_worker][tokens_per_s]:,.0f}",
      "{train_overhead[ratios][ray_2_workers_over_ray_1_worker]:.2f}x"),
     ("tune_asha", "updates a sweep spends",
-     "ASHA: {tune_asha[asha_updates]:,} (kept a {tune_asha[asha_pick_val_bleu_full]:.1f}-BLEU config)",
-     "every trial to the end: {tune_asha[fifo_updates]:,} (best {tune_asha[best_val_bleu_full]:.1f})",
+     "ASHA: {tune_asha[asha_updates]:,} (kept a {tune_asha[asha_pick_val_bleu_full]:.2f}-BLEU config)",
+     "every trial to the end: {tune_asha[fifo_updates]:,} (best {tune_asha[best_val_bleu_full]:.2f})",
      "{tune_asha[asha_over_fifo_updates]:.2f}x"),
     ("serve", "translation service at 16 clients, sentences/s",
      "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
