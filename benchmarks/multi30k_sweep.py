@@ -28,22 +28,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import mlflow.artifacts  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
 
 from pipeline.common import log  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
+from pipeline.track import tracking  # noqa: E402
 from pipeline.tune.search_space import base_point, load_space  # noqa: E402
 from pipeline.tune.sweep import first_rung, sweep  # noqa: E402
 
 SPACE = ROOT / "tune_spaces/multi30k.yaml"
 
 
-def history(client: MlflowClient, run_id: str | None) -> list[list[float]]:
+def _history(uri: str, run_id: str | None) -> list[list[float]]:
     """[[update, val_bleu], ...] of one trial's MLflow run."""
-    if not run_id:
-        return []
-    return [[m.step, round(m.value, 2)] for m in sorted(client.get_metric_history(run_id, "val_bleu"),
-                                                        key=lambda m: m.step)]
+    return [[step, round(bleu, 2)] for step, bleu in tracking.metric_history(uri, run_id, "val_bleu")] if run_id else []
 
 
 def main() -> int:
@@ -81,7 +78,6 @@ def main() -> int:
     outcome = sweep(cfg, str(SPACE), resume=None)
     wall = time.perf_counter() - started
 
-    client = MlflowClient(uri)
     out.mkdir(parents=True, exist_ok=True)
     artifacts = Path(mlflow.artifacts.download_artifacts(run_id=outcome.parent_run_id, tracking_uri=uri,
                                                          dst_path=str(work / "parent")))
@@ -102,7 +98,7 @@ def main() -> int:
         "best": {"params": outcome.best["params"], "val_bleu": round(outcome.best["val_bleu"], 2),
                  "steps": outcome.best["steps"]} if outcome.best else None,
         "trials_detail": [{"params": t["params"], "status": t["status"], "steps": t["steps"],
-                           "val_bleu": round(t["val_bleu"], 2), "history": history(client, t["run_id"])}
+                           "val_bleu": round(t["val_bleu"], 2), "history": _history(uri, t["run_id"])}
                           for t in outcome.trials],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

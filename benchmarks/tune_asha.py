@@ -24,9 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlflow.tracking import MlflowClient  # noqa: E402
-
 from pipeline.config import load_config  # noqa: E402
+from pipeline.track import tracking  # noqa: E402
 from pipeline.tune.search_space import load_space  # noqa: E402
 from pipeline.tune.sweep import first_rung, sweep  # noqa: E402
 
@@ -34,11 +33,10 @@ SPACE = ("model.num_heads: {grid: [2, 4]}\nmodel.num_layers: {grid: [1, 2]}\n"
          "train.warmup_steps: {grid: [100, 200]}\n")
 
 
-def histories(client: MlflowClient, outcome) -> list:
+def histories(uri: str, outcome) -> list:
     """[params, [[update, val_bleu], ...]] for each trial of a sweep, from its MLflow run."""
-    return [[t["params"], [[m.step, round(m.value, 2)] for m in
-                           sorted(client.get_metric_history(t["run_id"], "val_bleu"), key=lambda m: m.step)]]
-            for t in outcome.trials]
+    return [[t["params"], [[step, round(bleu, 2)] for step, bleu in
+                           tracking.metric_history(uri, t["run_id"], "val_bleu")]] for t in outcome.trials]
 
 
 def main() -> int:
@@ -52,13 +50,14 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tune-asha-"))
     (work / "space.yaml").write_text(SPACE)
+    uri = f"sqlite:///{work / 'mlflow.db'}"
     common = ["data.demo_sizes={train: 20000, validation: 300, test: 300}", "train.beam_size=1", "train.epochs=100",
               "train.max_tokens=2048", f"train.max_steps={args.steps}", f"train.val_interval={args.val_interval}",
               "train.average_last=1",
               "tune.search=grid", f"tune.grace_period={args.grace}",
               f"tune.reduction_factor={args.reduction}", "tracking.register=false",
               f"data.output_dir={work / 'data'}", f"train.storage_path={work / 'runs'}",
-              f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}"]
+              f"tracking.tracking_uri={uri}"]
     results = {}
     for scheduler in ("fifo", "asha"):
         cfg = load_config(ROOT / "configs/demo.yaml", [*common, f"tune.scheduler={scheduler}",
@@ -72,7 +71,6 @@ def main() -> int:
     picked = full[json.dumps(asha.best["params"], sort_keys=True)]
     updates = {name: sum(t["steps"] for t in r["outcome"].trials) for name, r in results.items()}
     ratio = updates["asha"] / updates["fifo"]
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     print(json.dumps({
         "trials": len(fifo.trials), "updates_per_full_trial": args.steps,
         "asha_first_rung": first_rung(cfg, load_space(work / "space.yaml", cfg)),
@@ -85,7 +83,7 @@ def main() -> int:
         "stopped_early": sum(t["status"] == "STOPPED_EARLY" for t in asha.trials),
         "trials_detail": {name: [[t["params"], t["status"], t["steps"], round(t["val_bleu"], 2)]
                                  for t in r["outcome"].trials] for name, r in results.items()},
-        "val_bleu_histories": {name: histories(client, r["outcome"]) for name, r in results.items()},
+        "val_bleu_histories": {name: histories(uri, r["outcome"]) for name, r in results.items()},
     }))
     return 0
 
