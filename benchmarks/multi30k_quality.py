@@ -99,7 +99,11 @@ def main() -> int:
     averaged = [c for c in kept if "averaged" in c]
     training = max(v for _, v in history["train_seconds"])
     validating = sum(v for _, v in history["val_seconds"])
+    model = checkpoint.load(final["path"])["model_config"]
     result = {
+        "config": args.config, "overrides": args.overrides, "model": model,
+        "recipe": {k: getattr(cfg.train, k) for k in ("max_tokens", "update_freq", "warmup_steps", "lr_scale",
+                                                      "label_smoothing", "average_last", "val_interval")},
         "budget_min": args.budget_min, "wall_min": round(wall / 60, 1),
         "train_min": round(training / 60, 1),
         # Validations run inside the training time (beam search over the validation split).
@@ -116,7 +120,9 @@ def main() -> int:
                               **_evaluate(averaged[-1]["path"], outcome.manifest, args.beams, args.alphas)}
     result["val_bleu_curve"] = [(s, round(v, 2)) for s, v in history["val_bleu"]]
     result["val_seconds_curve"] = [(s, round(v, 1)) for s, v in history["val_seconds"]]
-    figure = learning_curves(history, "Multi30k en-de, Transformer-Tiny, 2 CPU workers")
+    figure = learning_curves(history, f"Multi30k en-de, d_model {model['d_model']}, {model['num_encoder_layers']}"
+                                      f"+{model['num_decoder_layers']} layers, {model['num_heads']} heads, "
+                                      f"{cfg.train.num_workers} {'GPU' if cfg.train.use_gpu else 'CPU'} workers")
     figure.savefig(args.plot, dpi=110)
     text = json.dumps(result, indent=1, default=str)
     Path(args.out).write_text(text + "\n")
