@@ -10,6 +10,7 @@ from small import small_config
 from pipeline.common import checkpoint
 from pipeline.common.errors import UserError
 from pipeline.data.prepare import prepare
+from pipeline.track.tracking import FINAL_KEY, PROGRESS_KEY
 from pipeline.train.driver import train
 from pipeline.train.loop import train_loop
 from pipeline.train.workers import TorchrunContext
@@ -51,10 +52,11 @@ class StopAfter(TorchrunContext):
 
     def __init__(self, root, stop_after=None):
         super().__init__(str(root))
-        self.stop_after, self.checkpoints = stop_after, 0
+        self.stop_after, self.checkpoints, self.reports = stop_after, 0, []
 
     def report(self, metrics, checkpoint_dir=None):
         super().report(metrics, checkpoint_dir)
+        self.reports.append(metrics)
         self.checkpoints += checkpoint_dir is not None
         if self.stop_after is not None and self.checkpoints >= self.stop_after:
             raise KeyboardInterrupt
@@ -66,9 +68,15 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
     train_loop(loop_config, StopAfter(tmp_path / "straight"))
+    stopped, again = StopAfter(tmp_path / "resumed", stop_after=2), StopAfter(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, after the second validation
-        train_loop(loop_config, StopAfter(tmp_path / "resumed", stop_after=2))
-    train_loop(loop_config, StopAfter(tmp_path / "resumed"))
+        train_loop(loop_config, stopped)
+    train_loop(loop_config, again)
+    # Had the stop come before the last report reached MLflow (a SIGKILL), nothing is lost: the resumed
+    # run's first report carries the checkpoint's report again, values and timestamps unchanged.
+    last = stopped.reports[-1]
+    own = {k: v for k, v in last.items() if k not in (PROGRESS_KEY, FINAL_KEY)}
+    assert again.reports[0][PROGRESS_KEY][:len(last[PROGRESS_KEY]) + 1] == [*last[PROGRESS_KEY], own]
     straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
     resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])
     assert straight["progress"]["step"] == resumed["progress"]["step"] > 14

@@ -78,6 +78,10 @@ class Replica:
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
         self.progress = Progress()
         self.resumed_from: int | None = None  # the step restored from, logged once to MLflow with the next line
+        # The restored checkpoint's own report, sent again with the next one: a run killed after the
+        # checkpoint was saved but before Ray Train's controller logged its report would otherwise
+        # leave a gap in MLflow's history. Values logged twice are identical, and MLflow keeps one.
+        self.replayed: list[dict] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
         if not self._restore() and init:  # a resumed fine-tuning run continues from its own checkpoint
             self._start_from_parent(init)
@@ -123,6 +127,7 @@ class Replica:
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         self.resumed_from = self.progress.step
+        self.replayed = [*state.get("earlier", []), *([state["metrics"]] if "metrics" in state else [])]
         try:
             rng = checkpoint.load_rng(directory, self.ctx.world_rank)
         except Exception as err:  # a damaged RNG file only costs bit-exact resumption, not the run
@@ -230,7 +235,7 @@ class Replica:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                      "progress": self.progress.__dict__, "model_config": self.model_cfg.to_dict(),
-                     "metrics": metrics}
+                     "metrics": metrics, "earlier": earlier or []}
             self.tokenizer.save(directory)  # a checkpoint can be fine-tuned from on its own
         checkpoint.save(directory, self.ctx.world_rank, state)
         self.ctx.report({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
@@ -284,7 +289,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     # Progress values wait here and travel with the next report: ray.train.report is a barrier
     # whose queue Ray Train's controller drains only every couple of seconds, so a report per
     # progress line would stall training (2 s per report on CPU, as long on a GPU).
-    earlier: list[dict] = []
+    earlier: list[dict] = replica.replayed
     last_report = time.monotonic()
     total = None
     while not progress.finished:
