@@ -4,6 +4,7 @@ from .config import PRESETS, TransformerConfig
 from .decoding import beam_search, greedy_search, length_penalty
 from .training import (
     average_checkpoints,
+    cooldown_factor,
     label_smoothed_cross_entropy,
     transformer_lr,
     warmup_schedule,
@@ -17,6 +18,7 @@ __all__ = [
     "TransformerConfig",
     "average_checkpoints",
     "beam_search",
+    "cooldown_factor",
     "greedy_search",
     "label_smoothed_cross_entropy",
     "length_penalty",

@@ -64,6 +64,13 @@ def transformer_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
+def cooldown_factor(done: float, cooldown: float) -> float:
+    """The learning rate's multiplier once `done` of the run is over: 1, then linearly to 0 over the last `cooldown`."""
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - done) / cooldown))
+
+
 def warmup_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int,
                     scale: float = 1.0) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR following Eq. 3; the optimizer's lr must be 1.0 (the schedule is the lr)."""

@@ -89,6 +89,7 @@ class TrainConfig:
     time_budget_s: float = 0.0  # stop (validate, average, finish) after this much training time; 0: none
     warmup_steps: int = 4000  # Eq. 3: the learning rate rises linearly for this many updates, then decays
     lr_scale: float = 1.0  # multiplies the learning rate of Eq. 3
+    cooldown: float = 0.0  # lr falls linearly to 0 over this last fraction of the run (its epochs, steps or time)
     label_smoothing: float = 0.1  # epsilon_ls of Sec. 5.4
     clip_norm: float = 0.0  # 0: no clipping
     amp: str = "auto"  # auto | bf16 | fp16 | off
@@ -209,11 +210,12 @@ POSITIVE = {
     "tune.reduction_factor", "serve.port", "serve.max_batch_size", "serve.max_ongoing_requests",
     "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
 }
+FRACTIONS = {"train.cooldown"}  # in [0, 1)
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
     "tune.max_concurrent_trials", "tune.grace_period", "tracking.system_metrics_s",
-    "serve.batch_wait_timeout_s",
+    "serve.batch_wait_timeout_s", "train.cooldown",
 }
 
 
@@ -278,6 +280,8 @@ def set_value(config: Config, dotted: str, value: Any, where: str = "<override>"
         raise ConfigError(f"{where}: {dotted} must be positive, got {value!r}")
     if dotted in NON_NEGATIVE and value < 0:
         raise ConfigError(f"{where}: {dotted} must be >= 0, got {value!r}")
+    if dotted in FRACTIONS and not value < 1:
+        raise ConfigError(f"{where}: {dotted} is a fraction of the run and must be below 1, got {value!r}")
     setattr(section, key, value)
 
 

@@ -36,6 +36,7 @@ def test_a_worker_rebuilds_the_same_config_from_its_plain_dict(tmp_path):
         ("train:\n  epochs: three\n", r"exp\.yaml:2: train\.epochs must be of type int, got 'three'"),
         ("train:\n  use_gpu: 1\n", r"train\.use_gpu must be of type bool"),
         ("train:\n  epochs: 0\n", r"train\.epochs must be positive"),
+        ("train:\n  cooldown: 1.0\n", r"exp\.yaml:2: train\.cooldown is a fraction of the run and must be below 1"),
         ("data:\n  source: web\n", r"data\.source must be one of \['demo', 'files', 'hf'\]"),
         ("train: [1, 2]\n", r"section 'train' must be a mapping"),
         ("train:\n  epochs: [\n", r"exp\.yaml:\d+: invalid YAML"),

@@ -10,6 +10,7 @@ from model import (
     Transformer,
     TransformerConfig,
     average_checkpoints,
+    cooldown_factor,
     greedy_search,
     label_smoothed_cross_entropy,
     transformer_lr,
@@ -44,6 +45,12 @@ def test_schedule_equals_equation_3():
     rates = [transformer_lr(s, d_model, warmup) for s in range(1, 20_000)]
     assert max(range(len(rates)), key=rates.__getitem__) + 1 == warmup
     assert transformer_lr(2, d_model, warmup, scale=2.0) == pytest.approx(2 * transformer_lr(2, d_model, warmup))
+
+
+def test_cooldown_holds_then_falls_linearly_to_zero_at_the_end():
+    assert [cooldown_factor(done, 0.2) for done in (0.0, 0.5, 0.8, 0.9, 1.0, 1.5)] == pytest.approx(
+        [1.0, 1.0, 1.0, 0.5, 0.0, 0.0])
+    assert cooldown_factor(0.99, 0.0) == 1.0  # no cooldown: Eq. 3 to the end
 
 
 def test_warmup_schedule_drives_the_optimizer_by_equation_3():

@@ -7,6 +7,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from small import small_config
 
+from model import cooldown_factor, transformer_lr
 from pipeline.common import checkpoint
 from pipeline.common.errors import UserError
 from pipeline.data.prepare import prepare
@@ -64,10 +65,19 @@ class StopAfter(TorchrunContext):
 
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
     cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
-                       "model.dropout=0.1")
+                       "model.dropout=0.1", "train.cooldown=0.5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
-    train_loop(loop_config, StopAfter(tmp_path / "straight"))
+    straight_run = StopAfter(tmp_path / "straight")
+    train_loop(loop_config, straight_run)
+    # Eq. 3 for the first half of the run, then falling linearly to 0 at its last update.
+    rows = [row for report in straight_run.reports for row in [*report[PROGRESS_KEY], report]]
+    end = rows[-1]["step"]
+    for row in rows:
+        expected = transformer_lr(row["step"] + 1, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale) \
+            * cooldown_factor(row["step"] / end, 0.5)
+        assert row["lr"] == pytest.approx(expected, rel=1e-6, abs=1e-12), row
+    assert rows[-1]["lr"] == 0 < rows[len(rows) // 3]["lr"]
     stopped, again = StopAfter(tmp_path / "resumed", stop_after=2), StopAfter(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, after the second validation
         train_loop(loop_config, stopped)

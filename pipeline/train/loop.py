@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import Transformer, average_checkpoints, label_smoothed_cross_entropy, warmup_schedule
+from model import Transformer, average_checkpoints, cooldown_factor, label_smoothed_cross_entropy, warmup_schedule
 
 from ..common import checkpoint, log
 from ..common.errors import UserError
@@ -157,6 +157,13 @@ class Replica:
         """The collated batches, built ahead in a thread (pinned when they go to a GPU)."""
         return BatchPrefetcher(self.shard, batches, pin=self.ctx.device.type == "cuda")
 
+    def cool_down(self, step: int, end_step: int) -> None:
+        """Set the learning rate of the update after `step`: Eq. 3's, falling linearly to 0 at end_step."""
+        if self.train_cfg.cooldown:
+            factor = cooldown_factor(step / max(end_step, 1), self.train_cfg.cooldown)
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+                group["lr"] = lr * factor  # from the schedule's value, so a factor never compounds
+
     def update(self, group: list[Batch]) -> torch.Tensor:
         """One optimizer update over update_freq micro-batches; returns this rank's [loss sum, target tokens].
 
@@ -291,10 +298,11 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     # progress line would stall training (2 s per report on CPU, as long on a GPU).
     earlier: list[dict] = replica.replayed
     last_report = time.monotonic()
-    total = None
+    total = end_step = None
     while not progress.finished:
         batches = replica.epoch_batches(progress.epoch)
         total = total or replica.total_steps(len(batches))
+        end_step = end_step or total  # the cooldown's end; under a time budget, re-estimated as it goes
         run_start_step, run_start = progress.step, time.perf_counter()
         seconds_before = progress.train_seconds
         position = progress.batch_in_epoch
@@ -304,6 +312,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 window += replica.update(group)
                 position += len(group)
                 progress.step, progress.batch_in_epoch = progress.step + 1, position
+                replica.cool_down(progress.step, end_step)
                 end_of_epoch = position >= len(batches)
                 out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
                 progress.train_seconds = seconds_before + time.perf_counter() - run_start
@@ -313,10 +322,13 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 if progress_line or due:
                     # Every rank must stop at the same step (or the next all-reduce hangs) and report
                     # together (a report is a barrier): one all-reduce agrees on both.
-                    out_of_time, report_due = all_reduce_max(
+                    out_of_time, report_due, elapsed_ms = all_reduce_max(
                         [int(bool(train_cfg.time_budget_s) and progress.train_seconds >= train_cfg.time_budget_s),
-                         int(time.monotonic() - last_report >= train_cfg.report_interval_s)], replica.ctx.device)
+                         int(time.monotonic() - last_report >= train_cfg.report_interval_s),
+                         int(progress.train_seconds * 1000)], replica.ctx.device)
                     out_of_steps |= bool(out_of_time)
+                    if train_cfg.time_budget_s and elapsed_ms:  # the same estimate on every rank, or replicas drift
+                        end_step = min(total, round(progress.step * train_cfg.time_budget_s * 1000 / elapsed_ms))
                 if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
                     progress.finished = True
                 if not (progress_line or due or progress.finished):
