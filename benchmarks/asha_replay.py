@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def replay_asha(histories: list, order: list[int], grace: int, factor: int, max_steps: int) -> tuple[int, int]:
     """(updates spent, index of the trial picked) when the trials run one at a time in `order`."""
-    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
-
     scheduler = ASHAScheduler(time_attr="step", metric="val_bleu", mode="max", max_t=max_steps + 1,
                               grace_period=grace, reduction_factor=factor)
     spent, last = 0, {}
@@ -69,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     result = json.loads(args.json.read_text(encoding="utf-8"))
     trials = result["val_bleu_histories"]["fifo"]
-    histories = [[(step, bleu) for step, bleu in history] for _, history in trials]
+    histories = [history for _, history in trials]  # [[update, val_bleu], ...] per trial
     max_steps = result["updates_per_full_trial"]
     full = len(histories) * max_steps
     final = [history[-1][1] for history in histories]

@@ -39,7 +39,7 @@ def _checkpoints(run_dir: Path) -> list[dict]:
     found = []
     for model_file in run_dir.glob("checkpoint_*/model.pt"):
         state = checkpoint.load(model_file.parent)
-        found.append({"path": str(model_file.parent), **state["metrics"]})
+        found.append({"path": str(model_file.parent), "model_config": state["model_config"], **state["metrics"]})
     return sorted(found, key=lambda c: (c["step"], "averaged" in c))
 
 
@@ -99,7 +99,7 @@ def main() -> int:
     averaged = [c for c in kept if "averaged" in c]
     training = max(v for _, v in history["train_seconds"])
     validating = sum(v for _, v in history["val_seconds"])
-    model = checkpoint.load(final["path"])["model_config"]
+    model = final["model_config"]
     result = {
         "config": args.config, "overrides": args.overrides, "model": model,
         "recipe": {k: getattr(cfg.train, k) for k in ("max_tokens", "update_freq", "warmup_steps", "lr_scale",

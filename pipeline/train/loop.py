@@ -296,7 +296,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     # Progress values wait here and travel with the next report: ray.train.report is a barrier
     # whose queue Ray Train's controller drains only every couple of seconds, so a report per
     # progress line would stall training (2 s per report on CPU, as long on a GPU).
-    earlier: list[dict] = replica.replayed
+    earlier: list[dict] = list(replica.replayed)
     last_report = time.monotonic()
     total = end_step = None
     while not progress.finished:
