@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -132,7 +133,8 @@ class TrackingConfig:
 
     tracking_uri: str = ""  # "": MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory
     experiment: str = "transformer-nmt"  # MLflow experiment of every run
-    registered_model: str = "transformer-nmt"  # registry name of the packaged models
+    # One name per corpus and language pair, so champions of different corpora never compete.
+    registered_model: str = ""  # registry name; "": transformer-nmt-<corpus>-<src>-<tgt>, e.g. ...-wmt14-en-de
     register: bool = True  # register the best model; @champion moves only if val_bleu improves
     system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, disk, network, GPU) every N s; 0: off
 
@@ -236,12 +238,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         where = str(path)
         tree, lines = read_yaml(Path(path))
     config = config_from_dict(tree, where=where, lines=lines)
+    named = bool((tree.get("tracking") or {}).get("registered_model")) if isinstance(tree, dict) else False
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.epochs=3")
         set_value(config, key.strip(), yaml.safe_load(raw) if raw.strip() else "", where=f"--set {item}")
+        named = named or (key.strip() == "tracking.registered_model" and bool(config.tracking.registered_model))
+    if not named:  # derived from the data as overridden, not as the file had it
+        config.tracking.registered_model = default_model_name(config.data)
     return config
+
+
+def default_model_name(data: DataConfig) -> str:
+    """The registry name of a corpus and language pair: transformer-nmt-<corpus>-<src>-<tgt>."""
+    if data.source == "demo":
+        corpus = "demo"
+    else:
+        corpus = (data.hf_name if data.source == "hf" and data.hf_name else data.path).rstrip("/").rsplit("/", 1)[-1]
+    corpus = re.sub(r"[^a-z0-9._-]+", "-", corpus.lower()).strip("-.") or data.source
+    return f"transformer-nmt-{corpus}-{data.src_lang}-{data.tgt_lang}"
 
 
 def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[str, int] | None = None) -> Config:
@@ -257,6 +273,8 @@ def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[st
             raise ConfigError(f"{_at(where, lines, section)}: section {section!r} must be a mapping")
         for key, value in values.items():
             set_value(config, f"{section}.{key}", value, where=_at(where, lines, f"{section}.{key}"))
+    if not config.tracking.registered_model:
+        config.tracking.registered_model = default_model_name(config.data)
     return config
 
 

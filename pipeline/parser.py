@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "CTranslate2 when it is installed and the model version has an export (default auto)")
     model_help = "MLflow model URI (default: models:/NAME@champion, NAME from tracking.registered_model)"
     evaluate = command("evaluate", "score a model with sacreBLEU (BLEU, chrF, lowercased BLEU)",
-                       ["nmt evaluate --split test", "nmt evaluate --model models:/transformer-nmt/3 --src test.en "
+                       ["nmt evaluate --split test",
+                        "nmt evaluate --model models:/transformer-nmt-wmt14-en-de/3 --src test.en "
                         "--ref test.de --device cuda", "nmt evaluate --split test --engine ctranslate2"],
                        parents=[engine])
     _add_config_options(evaluate)
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--device", default="auto", help=device_help)
 
     export = command("export", "convert a model to CTranslate2 (int8 or float32) and attach it to its model version",
-                     ["nmt export", "nmt export --model models:/transformer-nmt/3 --quantization float32 --out ct2/"])
+                     ["nmt export",
+                      "nmt export --model models:/transformer-nmt-wmt14-en-de/3 --quantization float32 --out ct2/"])
     _add_config_options(export)
     export.add_argument("--model", help=model_help)
     export.add_argument("--format", choices=("ctranslate2",), default="ctranslate2", help="the target format")
@@ -121,13 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default="ctranslate2-model", help="the directory to write (default ctranslate2-model)")
 
     promote = command("promote", "move the champion alias to a model version by hand",
-                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14"])
+                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14-en-de"])
     _add_config_options(promote)
     promote.add_argument("version", help="the model version number")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
 
     serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",
-                    ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt/3 --host 0.0.0.0",
+                    ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt-wmt14-en-de/3 --host 0.0.0.0",
                      "nmt serve --engine ctranslate2"],
                     parents=[address])
     _add_config_options(serve)

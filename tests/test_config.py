@@ -1,5 +1,7 @@
 """The config tree: defaults, then YAML, then --set; unknown keys and wrong types name the key and line."""
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.config import Config, ConfigError, config_from_dict, load_config
@@ -61,3 +63,16 @@ def test_impossible_model_settings_are_caught_when_the_model_config_is_built():
     with pytest.raises(ConfigError, match="d_model .* must be divisible by num_heads"):
         cfg.transformer_config(vocab_size=1000)
     assert load_config(None, ["model.num_layers=3"]).transformer_config(1000).num_decoder_layers == 3
+
+
+def test_each_corpus_and_language_pair_registers_under_its_own_name():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    names = {load_config(root / name).tracking.registered_model
+             for name in ("demo.yaml", "multi30k_en_de.yaml", "wmt14_en_de.yaml")}
+    assert names == {"transformer-nmt-demo-en-de", "transformer-nmt-multi30k-en-de", "transformer-nmt-wmt14-en-de"}
+    # Derived from the data as overridden, so a champion of one corpus never competes with another's.
+    moved = load_config(root / "multi30k_en_de.yaml", ["data.path=s3://team/corpora/IWSLT17/", "data.tgt_lang=fr"])
+    assert moved.tracking.registered_model == "transformer-nmt-iwslt17-en-fr"
+    assert load_config(None, ["tracking.registered_model=mine", "data.src_lang=fr"]).tracking.registered_model == "mine"
+    assert config_from_dict(load_config(root / "wmt14_en_de.yaml").to_dict()).tracking.registered_model == \
+        "transformer-nmt-wmt14-en-de"  # what a worker rebuilds

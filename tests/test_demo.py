@@ -13,7 +13,7 @@ from pipeline.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 README = Path(__file__).resolve().parents[1] / "README.md"
-CHAMPION = "models:/transformer-nmt@champion"
+CHAMPION = "models:/transformer-nmt-demo-en-de@champion"
 
 
 def structure(text: str) -> list[str]:
@@ -53,11 +53,11 @@ def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(quick_demo):
     test_bleu = float(re.search(r"^test BLEU ([0-9.]+),", out, re.MULTILINE).group(1))
     assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0; ~20 on a quiet machine
     client = MlflowClient(quick_demo.uri)
-    champion = client.get_model_version_by_alias("transformer-nmt", "champion")
+    champion = client.get_model_version_by_alias("transformer-nmt-demo-en-de", "champion")
     assert str(champion.version) == "1"
     # A second run reuses the data and the finished sweep: nothing new to register.
     assert main(["demo", "--quick", "--workdir", str(quick_demo.workdir)]) == 0
-    assert len(client.search_model_versions("name = 'transformer-nmt'")) == 1
+    assert len(client.search_model_versions("name = 'transformer-nmt-demo-en-de'")) == 1
 
 
 def test_the_demo_champion_fine_tuned_on_a_shifted_corpus_beats_it_with_fewer_updates(quick_demo):
@@ -79,7 +79,8 @@ def test_the_demo_champion_fine_tuned_on_a_shifted_corpus_beats_it_with_fewer_up
                                f"model.num_heads={parent.model.cfg.num_heads}", "tracking.register=false"])
     outcome = train(cfg)
     tags = MlflowClient(quick_demo.uri).get_run(outcome.run_id).data.tags
-    assert tags["init_from"] == CHAMPION and tags["parent_model"].startswith("transformer-nmt version 1 (run ")
+    assert tags["init_from"] == CHAMPION
+    assert tags["parent_model"].startswith("transformer-nmt-demo-en-de version 1 (run ")
     test = outcome.manifest.read_split("test", ["src", "tgt"])
     sources, references = test.column("src").to_pylist(), test.column("tgt").to_pylist()
     child = Translator.from_checkpoint(outcome.checkpoint_path, outcome.manifest.tokenizer(), beam_size=2)

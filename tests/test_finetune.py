@@ -14,7 +14,7 @@ from model import TransformerConfig
 from pipeline.common.errors import UserError
 from pipeline.train import parent
 
-CHAMPION = "models:/transformer-nmt@champion"
+CHAMPION = "models:/transformer-nmt-demo-en-de@champion"
 
 
 @pytest.mark.slow
@@ -41,7 +41,7 @@ def test_a_parent_of_another_shape_or_vocabulary_is_refused_in_one_line_naming_b
     for err, parts in ((shape, ["d_model 64", "asks for d_model 32"]),
                        (vocabulary, ["vocabulary of 600", "data.vocab_size=700"])):
         message = str(err.value)
-        assert "\n" not in message and f"transformer-nmt version {champion.version}" in message, message
+        assert "\n" not in message and f"transformer-nmt-demo-en-de version {champion.version}" in message, message
         assert all(part in message for part in parts), message
 
 

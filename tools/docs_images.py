@@ -116,7 +116,7 @@ def take(store: str, workdir: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store)
-    champion = client.get_model_version_by_alias("transformer-nmt", "champion")
+    champion = client.get_model_version_by_alias("transformer-nmt-demo-en-de", "champion")
     best = client.get_run(champion.run_id)
     experiment = best.info.experiment_id
     sweep = client.get_run(best.data.tags["mlflow.parentRunId"])
@@ -145,7 +145,8 @@ def take(store: str, workdir: Path) -> None:
             _shoot(driver, f"{run}/artifacts/{attention[0]}", "attention-map", attention[0].rsplit("/", 1)[-1])
         if plots:
             _shoot(driver, f"{base}/runs/{sweep.info.run_id}/artifacts/{plots[0]}", "sweep-val-bleu", plots[0])
-        _shoot(driver, f"{url}/#/models/transformer-nmt", "registered-model", "transformer-nmt", "champion")
+        name = "transformer-nmt-demo-en-de"
+        _shoot(driver, f"{url}/#/models/{name}", "registered-model", name, "champion")
     finally:
         driver.quit()
         process.terminate()

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from ..common import log
 from ..common.errors import UserError
-from ..config import Config, ServeConfig, TrackingConfig, set_value
+from ..config import Config, ServeConfig, config_from_dict, set_value
 from ..track import tracking
 from ..track.registry import champion_uri
 from ..track.tracking import redact
@@ -161,7 +161,7 @@ class TranslationService:
         return [str(t) for t in self._engine(texts, beam_size)]
 
 
-def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = TrackingConfig.registered_model):
+def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str):
     """The Serve application for a serve config section: the model resolved and pinned, limits applied."""
     uri = tracking.connect(tracking_uri)
     model_uri, version = resolve_model(uri, cfg.model_uri or champion_uri(registered_model))
@@ -187,7 +187,7 @@ def build_app(args: dict[str, Any] | None = None):
     """
     args = dict(args or {})
     tracking_uri = str(args.pop("tracking_uri", "") or "")
-    cfg = Config()
+    cfg = config_from_dict({})  # the defaults, the registered model's name derived from them
     for key, value in args.items():
         if isinstance(value, str):
             import yaml

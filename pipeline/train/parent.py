@@ -35,7 +35,7 @@ class Parent:
     """A model to start from: its weights, shape and tokenizer, and what it is in words."""
 
     spec: str  # train.init_from as the user wrote it
-    described: str  # e.g. "transformer-nmt version 3 (run 1f2e...)"
+    described: str  # e.g. "transformer-nmt-demo-en-de version 3 (run 1f2e...)"
     config: TransformerConfig
     tokenizer: Tokenizer
     weights: dict[str, torch.Tensor]
