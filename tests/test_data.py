@@ -17,7 +17,7 @@ from pipeline.data.corpus import CorpusError
 from pipeline.data.encode import EncodeBatch, encode_table, length_counts, normalize
 from pipeline.data.manifest import load_manifest
 from pipeline.data.prepare import prepare, split_entries
-from pipeline.data.sources import BLOCK_PAIRS, TableSource, labeled, line_file_source, plan_blocks, ray_here
+from pipeline.data.sources import BLOCK_PAIRS, TableSource, labeled, line_file_source, plan_blocks, ray_tasks
 from pipeline.text.tokenizer import train_tokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_line_files_read_on_ray_by_line_ranges_give_the_pairs_read_in_one_piece(
     for lang in ("en", "de"):
         (tmp_path / f"val.{lang}").write_text("a\nb\n", encoding="utf-8")
     cfg = DataConfig(source="files", path=str(tmp_path), splits={"train": "train", "validation": "val"})
-    source = line_file_source(cfg, *ray_here(), chunk_bytes=100, stride=7)
+    source = line_file_source(cfg, *ray_tasks(here=True), chunk_bytes=100, stride=7)
     assert source.counts == {"train": 500, "validation": 2}
     plan = [[("train", 0, 13)], [("train", 13, 300), ("validation", 0, 2)], [("train", 313, 187)]]
     rows = pa.concat_tables(ray.get(source.dataset(plan).to_arrow_refs()))

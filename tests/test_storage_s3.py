@@ -104,3 +104,52 @@ def test_training_on_s3_survives_a_killed_worker_and_resumes_from_its_s3_checkpo
     again = train(cfg)
     assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
     assert len(MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")) == 5
+
+
+def _write_hub_parquet(uri: str, pairs: list[tuple[str, str]]) -> None:
+    """Pairs in the schema of the hub's wmt/wmt14 Parquet files: one `translation` struct with `de` and `en`."""
+    import pyarrow as pa
+
+    translation = pa.array([{"de": tgt, "en": src} for src, tgt in pairs],
+                           pa.struct([("de", pa.string()), ("en", pa.string())]))
+    storage.write_table(uri, pa.table({"translation": translation}))
+
+
+def test_s3_corpus_prepares_from_hub_parquet_shards_and_names_the_file_and_line_of_a_bad_s3_line(
+        ray_session, s3_bucket, tmp_path):
+    from pipeline.data.corpus import CorpusError
+    from pipeline.data.demo_corpus import demo_corpus
+
+    corpus = f"{s3_bucket}/corpora-{uuid.uuid4().hex[:8]}"
+    pairs = demo_corpus(3000, 100, 100, seed=3)
+    # The hub's layout: de-en/<split>-0000i-of-0000n.parquet, the training split in two shards.
+    _write_hub_parquet(f"{corpus}/wmt/de-en/train-00000-of-00002.parquet", pairs["train"][:1700])
+    _write_hub_parquet(f"{corpus}/wmt/de-en/train-00001-of-00002.parquet", pairs["train"][1700:])
+    for split in ("validation", "test"):
+        _write_hub_parquet(f"{corpus}/wmt/de-en/{split}-00000-of-00001.parquet", pairs[split])
+    cfg = small_config(tmp_path, "data.source=files", "data.format=parquet", f"data.path={corpus}/wmt",
+                       "data.src_field=translation.en", "data.tgt_field=translation.de",
+                       "data.splits={train: de-en/train-*, validation: de-en/validation-*, test: de-en/test-*}",
+                       f"data.output_dir={corpus}/prepared", "data.max_len=256")
+    manifest = prepare_module.prepare(cfg.data)
+    assert manifest.path.startswith(f"{corpus}/prepared/")
+    assert {split: entry["read"] for split, entry in manifest.content["splits"].items()} == \
+        {"train": 3000, "validation": 100, "test": 100}
+    test = manifest.read_split("test", ["src", "tgt"])
+    assert test.num_rows == manifest.content["splits"]["test"]["pairs"] > 90  # read back from S3
+    assert cfg.tracking.registered_model == "transformer-nmt-wmt-en-de"
+
+    # Text files on S3 with a byte that is not UTF-8 on line 1234 of the German side.
+    lines = {lang: [src if lang == "en" else tgt for src, tgt in pairs["train"]] for lang in ("en", "de")}
+    bad = "\n".join(lines["de"][:1233]).encode() + b"\nein Hund \xff\n" + "\n".join(lines["de"][1234:]).encode()
+    storage.write_bytes(f"{corpus}/text/train.de", bad + b"\n")
+    storage.write_bytes(f"{corpus}/text/train.en", ("\n".join(lines["en"]) + "\n").encode())
+    for split in ("val", "test"):
+        for lang, side in (("en", 0), ("de", 1)):
+            key = "validation" if split == "val" else "test"
+            storage.write_bytes(f"{corpus}/text/{split}.{lang}", "".join(p[side] + "\n" for p in pairs[key]).encode())
+    text = small_config(tmp_path, "data.source=files", f"data.path={corpus}/text", f"data.output_dir={corpus}/out")
+    with pytest.raises(CorpusError, match=rf"^{corpus}/text/train\.de:1234: invalid UTF-8"):
+        prepare_module.prepare(text.data)
+    with pytest.raises(CorpusError, match=r"data\.path .* is not a directory"):
+        prepare_module.prepare(small_config(tmp_path, "data.source=files", f"data.path={corpus}/nothing-here").data)

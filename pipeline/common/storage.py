@@ -1,13 +1,20 @@
-"""Local paths and storage URIs (s3://, gs://, ...) through one small interface, via pyarrow.fs."""
+"""Local paths and storage URIs (s3://, gs://, hf://, ...) through one small interface, via pyarrow.fs.
+
+Schemes that pyarrow has no filesystem for (hf://, az://, ...) go through fsspec, when the
+package that implements them is installed (hf:// comes with huggingface_hub).
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import uuid
 from pathlib import Path
 
 import pyarrow.fs as pafs
+
+PYARROW_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file", "mock")
 
 
 def is_uri(path: str) -> bool:
@@ -26,9 +33,57 @@ def join(base: str, *parts: str) -> str:
 
 
 def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
-    if is_uri(path):
+    if not is_uri(path):
+        return pafs.LocalFileSystem(), os.path.abspath(str(path).removeprefix("file://"))
+    scheme = str(path).split("://", 1)[0].lower()
+    if scheme in PYARROW_SCHEMES:
         return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), os.path.abspath(str(path).removeprefix("file://"))
+    import fsspec
+
+    try:
+        fs, inner = fsspec.core.url_to_fs(str(path))
+    except (ImportError, ValueError) as err:
+        from .errors import UserError
+
+        raise UserError(f"{path}: no filesystem for {scheme}:// ({err}); install the package that provides it "
+                        f"(hf:// comes with huggingface_hub) or use s3://, gs:// or a local path") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
+
+
+def open_input_file(path: str):
+    """A seekable binary file (pyarrow's NativeFile: seek, read, tell, size) for a local path or URI."""
+    fs, inner = _resolve(path)
+    return fs.open_input_file(inner)
+
+
+def file_info(path: str) -> pafs.FileInfo:
+    """pyarrow's FileInfo (type, size, mtime) of the file or directory at path."""
+    fs, inner = _resolve(path)
+    return fs.get_file_info(inner)
+
+
+def is_file(path: str) -> bool:
+    """Whether a file exists at path."""
+    return file_info(path).type == pafs.FileType.File
+
+
+def is_dir(path: str) -> bool:
+    """Whether a directory (on object stores: a prefix with objects under it) exists at path."""
+    return file_info(path).type == pafs.FileType.Directory
+
+
+def list_files(directory: str, pattern: str = "*") -> list[str]:
+    """The files directly in directory whose names match the glob pattern, sorted, as paths or URIs."""
+    fs, inner = _resolve(directory)
+    infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    names = sorted(info.base_name for info in infos if info.type == pafs.FileType.File)
+    return [join(str(directory), name) for name in names if fnmatch.fnmatchcase(name, pattern)]
+
+
+def glob(base: str, pattern: str) -> list[str]:
+    """The files under base that match pattern, a relative path whose last part may hold * ? [...]."""
+    folder, _, name = pattern.rpartition("/")
+    return list_files(join(str(base), folder) if folder else str(base), name)
 
 
 def exists(path: str) -> bool:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
+from ..common import storage
 from ..common.errors import UserError
 from ..config import DataConfig
 
@@ -87,8 +89,9 @@ def check_source(cfg: DataConfig) -> None:
     if cfg.src_lang == cfg.tgt_lang or not cfg.src_lang or not cfg.tgt_lang:
         raise CorpusError(f"data.src_lang and data.tgt_lang must be two languages, got "
                           f"{cfg.src_lang!r} and {cfg.tgt_lang!r}")
-    if cfg.source == "files" and not Path(cfg.path).is_dir():
-        raise CorpusError(f"data.path {cfg.path!r} is not a directory; point it at the corpus files")
+    if cfg.source == "files" and not storage.is_dir(cfg.path):
+        raise CorpusError(f"data.path {cfg.path!r} is not a directory; point it at the corpus files (a local "
+                          f"directory, or a storage URI such as s3://bucket/corpus)")
     if cfg.source == "hf" and not (cfg.hf_name or cfg.path):
         raise CorpusError("data.source=hf needs data.hf_name (a hub dataset) or data.path (a saved one)")
 
@@ -106,7 +109,11 @@ def read_tables(cfg: DataConfig) -> dict[str, pa.Table]:
 
 
 def source_fingerprint(cfg: DataConfig) -> str:
-    """A hash of the raw data: file contents for local files, the generator's inputs for the demo."""
+    """A hash of the raw data: file contents for local files, the generator's inputs for the demo.
+
+    Files behind a storage URI are not downloaded to the driver to be hashed (WMT14 is gigabytes):
+    their names, sizes and modification times stand for their contents.
+    """
     digest = hashlib.sha256()
     if cfg.source == "demo":
         from . import demo_corpus, demo_lexicon
@@ -118,20 +125,39 @@ def source_fingerprint(cfg: DataConfig) -> str:
     elif cfg.source == "hf" and not cfg.path:
         digest.update(json.dumps([cfg.hf_name, cfg.hf_config, cfg.splits]).encode())
     else:
-        root = Path(cfg.path)
-        for path in sorted(p for p in root.rglob("*") if p.is_file()) if cfg.source == "hf" else \
-                _source_files(cfg):
-            if not path.is_file():
+        root = cfg.path
+        paths = [str(p) for p in sorted(Path(root).rglob("*")) if p.is_file()] if cfg.source == "hf" else \
+            _source_files(cfg)
+        for path in paths:
+            info = storage.file_info(path)
+            if info.type != pafs.FileType.File:
                 raise CorpusError(f"{path}: file not found; check data.path, data.splits and the languages")
-            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path[len(str(root)):].lstrip("/").encode())
+            if storage.is_uri(path):
+                digest.update(json.dumps([info.size, info.mtime_ns]).encode())
+                continue
             with open(path, "rb") as handle:
                 while chunk := handle.read(1 << 22):
                     digest.update(chunk)
     return digest.hexdigest()
 
 
-def _source_files(cfg: DataConfig) -> list[Path]:
-    root = Path(cfg.path)
+def split_files(root: str, stem: str) -> list[str]:
+    """The Parquet files of a split: <root>/<stem>.parquet, or every match when the stem is a glob."""
+    if not any(c in stem for c in "*?["):
+        return [storage.join(root, f"{stem}.parquet")]
+    pattern = stem if stem.endswith(".parquet") else f"{stem}.parquet"
+    files = storage.glob(root, pattern)
+    if not files:
+        raise CorpusError(f"{storage.join(root, pattern)}: no file matches; check data.path and data.splits")
+    return files
+
+
+def _source_files(cfg: DataConfig) -> list[str]:
+    root = cfg.path
     if cfg.format == "text":
-        return [root / f"{stem}.{lang}" for stem in cfg.splits.values() for lang in (cfg.src_lang, cfg.tgt_lang)]
-    return [root / f"{stem}.{cfg.format}" for stem in cfg.splits.values()]
+        return [storage.join(root, f"{stem}.{lang}") for stem in cfg.splits.values()
+                for lang in (cfg.src_lang, cfg.tgt_lang)]
+    if cfg.format == "parquet":
+        return [path for stem in cfg.splits.values() for path in split_files(root, stem)]
+    return [storage.join(root, f"{stem}.{cfg.format}") for stem in cfg.splits.values()]

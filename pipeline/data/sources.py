@@ -1,8 +1,9 @@
 """What `nmt prepare` reads: pairs per split, a tokenizer sample, and a Ray Dataset of labeled blocks.
 
-Files are read by Ray tasks on the node that has them, as runs of rows: line files (text, TSV,
-JSONL) through a sparse line index that their scan tasks build, Parquet files by row group
-(the driver reads only footers). The demo generator and Hugging Face datasets arrive as Arrow
+Files are read by Ray tasks, as runs of rows: line files (text, TSV, JSONL) through a sparse
+line index that their scan tasks build, Parquet files by row group (the driver reads only
+footers). Local files are read on the node that has them; storage URIs (s3://, gs://, hf://)
+by tasks on any node. The demo generator and Hugging Face datasets arrive as Arrow
 tables (a dataset's is memory-mapped).
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from ..common import storage
 from ..config import DataConfig
-from .corpus import CorpusError, check_source, field_keys, read_tables
+from .corpus import CorpusError, check_source, field_keys, read_tables, split_files
 from .parquetfiles import ParquetReader, check_parquet
 from .textfiles import LineFormat, LineIndex, index_file, read_pairs, run_here
 
@@ -128,14 +129,14 @@ class LineReader:
 
 def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None, **scan_settings) -> RangeSource:
     """Text pairs, TSV or JSONL files, scanned by `run` (scan_settings: index_file's)."""
-    root = Path(cfg.path)
+    root = cfg.path
     if cfg.format == "text":
         fmt = LineFormat("text", on_bad_utf8=cfg.on_bad_utf8)
-        files = {split: [root / f"{stem}.{cfg.src_lang}", root / f"{stem}.{cfg.tgt_lang}"]
+        files = {split: [storage.join(root, f"{stem}.{cfg.src_lang}"), storage.join(root, f"{stem}.{cfg.tgt_lang}")]
                  for split, stem in cfg.splits.items()}
     else:
         fmt = LineFormat(cfg.format, *field_keys(cfg), cfg.on_bad_utf8)
-        files = {split: [root / f"{stem}.{cfg.format}"] for split, stem in cfg.splits.items()}
+        files = {split: [storage.join(root, f"{stem}.{cfg.format}")] for split, stem in cfg.splits.items()}
     indexes = {}
     for split, paths in files.items():
         indexes[split] = [index_file(path, fmt, run, **scan_settings) for path in paths]
@@ -146,10 +147,10 @@ def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = N
 
 
 def parquet_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None) -> RangeSource:
-    """One Parquet file per split, checked from its footer."""
-    paths = {split: Path(cfg.path) / f"{stem}.parquet" for split, stem in cfg.splits.items()}
-    counts = {split: check_parquet(path, cfg) for split, path in paths.items()}
-    return RangeSource(ParquetReader({split: str(path) for split, path in paths.items()}, cfg), counts,
+    """A split's Parquet files (one, or a glob's matches), checked from their footers."""
+    paths = {split: split_files(cfg.path, stem) for split, stem in cfg.splits.items()}
+    rows = {split: [check_parquet(path, cfg) for path in files] for split, files in paths.items()}
+    return RangeSource(ParquetReader(paths, rows, cfg), {split: sum(n) for split, n in rows.items()},
                        run, remote_args)
 
 
@@ -172,27 +173,30 @@ def _read_blocks(batch: dict[str, np.ndarray], reader) -> pa.Table:
 def open_source(cfg: DataConfig, on_ray: bool = False):
     """The corpus as a TableSource or RangeSource; on_ray: scans and reads run as Ray tasks.
 
-    Files are local paths, so their tasks are pinned to this node (ray_here): another node of
-    the cluster need not have them. The config has passed check_source.
+    Local files' tasks are pinned to this node (ray_here): another node of the cluster need
+    not have them. Storage URIs are read by tasks wherever they run. The config has passed
+    check_source.
     """
     if cfg.source != "files":
         return TableSource(read_tables(cfg))
     opener = parquet_source if cfg.format == "parquet" else line_file_source
-    return opener(cfg, *ray_here()) if on_ray else opener(cfg)
+    if not on_ray:
+        return opener(cfg)
+    return opener(cfg, *ray_tasks(here=not storage.is_uri(cfg.path)))
 
 
-def ray_here() -> tuple:
-    """(run, Ray Data arguments) that run tasks on this node: the one whose disk has the files."""
+def ray_tasks(here: bool) -> tuple:
+    """(run, Ray Data arguments) that run tasks on Ray: on this node (the one whose disk has the files), or anywhere."""
     import ray
 
     # Every node carries its id as this label; Ray Data pins its own local:// reads the same way.
-    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    where = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}} if here else {}
 
     def run(fn, calls: list[tuple]) -> list:
-        task = ray.remote(fn).options(label_selector=here)
+        task = ray.remote(fn).options(**where)
         return ray.get([task.remote(*args) for args in calls])
 
-    return run, {"label_selector": here}
+    return run, where
 
 
 def tokenizer_sample(source, size: int, seed: int) -> tuple[list[str], list[str]]:

@@ -4,18 +4,21 @@ The driver only plans: it cuts each file into byte ranges that end after a newli
 few bytes per cut) and turns what the scans report into file:line messages. A scan checks its
 range once (NUL, UTF-8, columns, JSON) and returns its line count and a sparse line index; a
 read turns a range of lines into Arrow columns. Both are plain functions, which `nmt prepare`
-runs as Ray tasks: the corpus never passes through the driver.
+runs as Ray tasks: the corpus never passes through the driver. Files are local paths or storage
+URIs (s3://, gs://, ...), read by byte range either way.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from ..common import storage
 from .corpus import CorpusError
 
 CHUNK_BYTES = 64 << 20  # bytes one scan checks: large enough that a task's fixed cost is small
@@ -49,11 +52,11 @@ class LineIndex:
         return int(self.offsets[i]), first - int(self.marks[i]), int(self.offsets[j])
 
 
-def byte_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+def byte_ranges(path: str, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
     """(start, end) byte ranges that cover the file, each ending just after a newline (the last at the end)."""
-    size = path.stat().st_size
     starts = [0]
-    with open(path, "rb") as handle:
+    with storage.open_input_file(str(path)) as handle:
+        size = handle.size()
         while starts[-1] + chunk_bytes < size:
             handle.seek(starts[-1] + chunk_bytes)
             cut = _next_line_start(handle)
@@ -72,11 +75,15 @@ def _next_line_start(handle) -> int | None:
     return None
 
 
+def _read_range(path: str, start: int, end: int) -> bytes:
+    """Bytes start..end-1 of a local file or storage object (one ranged read on object stores)."""
+    with storage.open_input_file(path) as handle:
+        return handle.read_at(end - start, start) if end > start else b""
+
+
 def scan(path: str, start: int, end: int, fmt: LineFormat, stride: int = STRIDE) -> dict:
     """Check a byte range: its line count, the offsets of every stride-th line, its first error (local line, text)."""
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        data = handle.read(end - start)
+    data = _read_range(path, start, end)
     skip = len(BOM) if start == 0 and data.startswith(BOM) else 0
     newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
     count = len(newlines) + (1 if len(data) > skip and not data.endswith(b"\n") else 0)
@@ -147,20 +154,23 @@ def run_here(fn, calls: list[tuple]) -> list:
     return [fn(*args) for args in calls]
 
 
-def read_lines(path: Path, on_bad_utf8: str = "error") -> list[str]:
+def read_lines(path: str | Path, on_bad_utf8: str = "error") -> list[str]:
     """The lines of a small UTF-8 text file, checked as strictly as a corpus file."""
     index = index_file(path, LineFormat("text", on_bad_utf8=on_bad_utf8), run_here)
     return read_lines_at(index, 0, index.lines, on_bad_utf8)
 
 
-def index_file(path: Path, fmt: LineFormat, run, chunk_bytes: int = CHUNK_BYTES, stride: int = STRIDE) -> LineIndex:
+def index_file(path: str | Path, fmt: LineFormat, run, chunk_bytes: int = CHUNK_BYTES,
+               stride: int = STRIDE) -> LineIndex:
     """Scan a whole file with `run` (run_here or Ray tasks); CorpusError with file:line for its first problem."""
-    if not path.is_file():
-        siblings = sorted(p.name for p in path.parent.glob("*"))[:12] if path.parent.is_dir() else []
+    path = str(path)
+    if not storage.is_file(path):
+        parent = path.rstrip("/").rsplit("/", 1)[0] if storage.is_uri(path) else os.path.dirname(path) or "."
+        siblings = [p.rsplit("/", 1)[-1] for p in storage.list_files(parent)][:12]
         hint = f"; files there: {', '.join(siblings)}" if siblings else ""
         raise CorpusError(f"{path}: file not found{hint}")
     ranges = byte_ranges(path, chunk_bytes)
-    results = run(scan, [(str(path), start, end, fmt, stride) for start, end in ranges])
+    results = run(scan, [(path, start, end, fmt, stride) for start, end in ranges])
     before = np.cumsum([0] + [r["lines"] for r in results])
     for lines_before, result in zip(before, results):
         if result["error"]:
@@ -171,16 +181,14 @@ def index_file(path: Path, fmt: LineFormat, run, chunk_bytes: int = CHUNK_BYTES,
         marks += range(int(lines_before), int(lines_before) + result["lines"], stride)
         offsets += result["marks"]
     total = int(before[-1])
-    return LineIndex(str(path), total, np.array([*marks, total], dtype=np.int64),
+    return LineIndex(path, total, np.array([*marks, total], dtype=np.int64),
                      np.array([*offsets, ranges[-1][1] if ranges else 0], dtype=np.int64))
 
 
 def read_lines_at(index: LineIndex, first: int, count: int, on_bad_utf8: str) -> list[str]:
     """Lines first..first+count-1 of an indexed file."""
     start, skip, end = index.locate(first, count)
-    with open(index.path, "rb") as handle:
-        handle.seek(start)
-        data = handle.read(end - start)
+    data = _read_range(index.path, start, end)
     text = data.decode("utf-8", errors="strict" if on_bad_utf8 == "error" else "replace")
     return _split_lines(text)[skip:skip + count]
 
