@@ -130,8 +130,37 @@ def test_source_fingerprint_follows_file_contents(tmp_path):
 WMT14_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "wmt14_en_de.yaml")
 
 
-def test_the_wmt14_config_reads_a_saved_copy_with_the_hubs_schema(tmp_path):
-    """configs/wmt14_en_de.yaml as shipped, pointed at a save_to_disk copy of wmt/wmt14 de-en's layout."""
+def test_the_wmt14_config_reads_the_hubs_parquet_shards(tmp_path):
+    """configs/wmt14_en_de.yaml as shipped, pointed at a copy of wmt/wmt14's de-en Parquet files."""
+    from pipeline.config import load_config
+
+    schema = pa.schema([("translation", pa.struct([("de", pa.string()), ("en", pa.string())]))])
+    files = {"train-00000-of-00002": range(0, 3), "train-00001-of-00002": range(3, 5),
+             "validation-00000-of-00001": range(2), "test-00000-of-00001": range(4)}
+    (tmp_path / "wmt14" / "de-en").mkdir(parents=True)
+    for name, rows in files.items():
+        pairs = [{"de": f"Ein Haus {i}.", "en": f"A house {i}."} for i in rows]
+        pq.write_table(pa.table({"translation": pairs}, schema=schema), tmp_path / f"wmt14/de-en/{name}.parquet")
+    cfg = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}"])
+    corpus = read_corpus(cfg.data)
+    assert corpus["train"].column("src").to_pylist() == [f"A house {i}." for i in range(5)]  # both shards, in order
+    assert corpus["test"].column("tgt").to_pylist() == [f"Ein Haus {i}." for i in range(4)]
+    assert parquet_rows(cfg.data, "train", 2, 2) == ["A house 2.", "A house 3."]  # a run across two shards
+    wrong = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}", "data.src_field=translation.fr"])
+    with pytest.raises(CorpusError, match=r"train-00000-of-00002\.parquet: column 'translation.fr' does not exist"):
+        read_corpus(wrong.data)
+    missing = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}", "data.splits={train: de-en/tr-*, "
+                                         "validation: de-en/validation-*}"])
+    with pytest.raises(CorpusError, match=r"de-en/tr-\*\.parquet: no file matches"):
+        read_corpus(missing.data)
+
+
+def parquet_rows(cfg, split: str, first: int, count: int) -> list[str]:
+    return parquet_source(cfg).pairs(split, first, count).column("src").to_pylist()
+
+
+def test_a_hub_dataset_saved_with_save_to_disk_reads_as_arrow(tmp_path):
+    """data.source=hf with a save_to_disk copy of wmt/wmt14 de-en's layout (the datasets library's own format)."""
     datasets = pytest.importorskip("datasets")
     from pipeline.config import load_config
 
@@ -142,12 +171,13 @@ def test_the_wmt14_config_reads_a_saved_copy_with_the_hubs_schema(tmp_path):
     # A selection leaves an indices mapping over the Arrow table; only the selected rows count.
     splits["train"] = splits["train"].select([4, 0, 2])
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "wmt14"))
-    cfg = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}"])
-    assert (cfg.data.hf_name, cfg.data.hf_config) == ("wmt/wmt14", "de-en")
+    hub = ["data.source=hf", "data.format=text", "data.hf_name=wmt/wmt14", "data.hf_config=de-en",
+           "data.splits={train: train, validation: validation, test: test}", f"data.path={tmp_path / 'wmt14'}"]
+    cfg = load_config(WMT14_CONFIG, hub)
     corpus = read_corpus(cfg.data)
     assert corpus["train"].column("src").to_pylist() == ["A house 4.", "A house 0.", "A house 2."]
     assert corpus["test"].column("tgt").to_pylist() == [p["de"] for p in pairs]
-    wrong = load_config(WMT14_CONFIG, [f"data.path={tmp_path / 'wmt14'}", "data.src_field=translation.fr"])
+    wrong = load_config(WMT14_CONFIG, [*hub, "data.src_field=translation.fr"])
     with pytest.raises(CorpusError, match=r"wmt14\[train\]: column 'translation.fr' does not exist .*data.src_field"):
         read_corpus(wrong.data)
 
