@@ -26,7 +26,10 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     address = argparse.ArgumentParser(add_help=False)
-    address.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    address.add_argument("--address", metavar="RAY_ADDRESS",
+                         help="the Ray cluster to run on, as ray.init takes it: auto, HEAD:6379 or ray://HEAD:10001, "
+                              "from a node of the cluster (default: RAY_ADDRESS, else a local instance); from a "
+                              "laptop use `nmt submit --address http://HEAD:8265` instead")
     verbosity = argparse.ArgumentParser(add_help=False)
     verbosity.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
                            default=argparse.SUPPRESS, help="more detail, Ray's own INFO lines included")
@@ -142,11 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command(
         "submit", "run an nmt command as a Ray Job on a cluster",
         ["nmt submit --address http://HEAD:8265 --follow -- nmt train --config configs/multi30k_en_de.yaml"],
-        usage="nmt submit [--address URL] [--follow] [--no-pip] [--forward-env NAMES] -- COMMAND [ARGS ...]",
-        description="Submit `nmt COMMAND ARGS` as a Ray Job: the project directory is its working_dir; the MLflow "
-                    "tracking URI and storage paths are passed explicitly. Token-authenticated clusters: set "
-                    "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token).")
-    submit.add_argument("--address", help="the cluster's dashboard URL, e.g. http://HEAD:8265 (default: RAY_ADDRESS)")
+        usage="nmt submit [--address DASHBOARD_URL] [--follow] [--no-pip] [--forward-env NAMES] -- COMMAND [ARGS ...]",
+        description="Submit `nmt COMMAND ARGS` as a Ray Job (`-- nmt train ...` and `-- train ...` are the same): "
+                    "the project directory is its working_dir; the MLflow tracking URI and storage paths are passed "
+                    "explicitly. The cluster is asked whether its nodes see this machine's files (a tunnel's "
+                    "127.0.0.1 says nothing about that); when they do not, a local MLflow store, storage path or "
+                    "corpus directory is an error naming the key: use an MLflow server and s3://, gs:// ... URIs. "
+                    "Token-authenticated clusters: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
+                    "RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token).")
+    submit.add_argument("--address", metavar="DASHBOARD_URL",
+                        help="the cluster's dashboard (Jobs API) URL, e.g. http://HEAD:8265, or http://127.0.0.1:8265 "
+                             "through a tunnel (default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS); not the Ray address "
+                             "(HEAD:6379) that train and tune take")
     submit.add_argument("--follow", action="store_true",
                         help="stream the job's logs; the exit status is the job's (0 succeeded, 1 failed, 130 stopped)")
     submit.add_argument("--pip", action=argparse.BooleanOptionalAction, default=True,

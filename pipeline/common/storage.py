@@ -86,6 +86,13 @@ def glob(base: str, pattern: str) -> list[str]:
     return list_files(join(str(base), folder) if folder else str(base), name)
 
 
+def with_scheme(path: str, like: str) -> str:
+    """A path as pyarrow's filesystems give it (bucket/key, no scheme) as a URI of like's scheme."""
+    if is_uri(like) and not is_uri(path):
+        return f"{str(like).split('://', 1)[0]}://{path.lstrip('/')}"
+    return path
+
+
 def exists(path: str) -> bool:
     """Whether a file or directory exists at path."""
     fs, inner = _resolve(path)

@@ -3,15 +3,19 @@
 The job gets the project directory as its working_dir (data, runs, stores and caches left out),
 the MLflow tracking URI and the storage paths spelled out, so the job writes where the user
 looks; with --follow the logs stream here and the exit status mirrors the job's final status.
+Whether the cluster sees this machine's files is asked of the cluster, not guessed from the
+address: through a tunnel every cluster is at 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import socket
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -41,6 +45,15 @@ NOT_AS_JOBS = {
     "submit": "a job cannot submit jobs",
     "serve": "deploy the service with `serve deploy deploy/serve_config.yaml` instead (see deploy/README.md)",
 }
+# The settings each command reads or writes on the cluster, checked when the cluster does not see this machine.
+PATH_KEYS = {"prepare": ("data.path", "data.output_dir"),
+             "train": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
+             "tune": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
+             "demo": ("data.output_dir", "train.storage_path", "tracking.tracking_uri")}
+UPLOAD_CHATTER = {"ray.dashboard.modules.dashboard_sdk": logging.WARNING,
+                  "ray.dashboard.modules.job.sdk": logging.WARNING,
+                  "ray._private.runtime_env.packaging": logging.WARNING,
+                  "ray._private.runtime_env.working_dir": logging.ERROR}  # ".venv is now ignored by default"
 TOKEN_HELP = ("set RAY_AUTH_MODE=token and put the cluster's token in RAY_AUTH_TOKEN, in a file named by "
               "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)")
 
@@ -93,8 +106,13 @@ def forwarded(names: list[str]) -> dict[str, str]:
     return secrets
 
 
-def plan(command: list[str], address: str, pip: bool = True, forward_env: list[str] = ()) -> Job:
+def plan(command: list[str], address: str, pip: bool = True, forward_env: list[str] = (),
+         remote: bool | None = None) -> Job:
     """Check the nmt command here, then build its entrypoint and runtime_env (no network).
+
+    remote: whether the cluster's nodes do not see this machine's files (submit asks the cluster);
+    then a local store or path the command uses is an error. None: unknown, judged by the address's
+    host, and only warned about.
 
     Credentials never enter the entrypoint or the runtime_env's env_vars (Ray shows both): a tracking
     URI's user:password@ becomes MLFLOW_TRACKING_USERNAME/PASSWORD, forwarded like --forward-env names.
@@ -109,7 +127,8 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
     warnings: list[str] = []
     env = {"PYTHONUNBUFFERED": "1"}
     secrets = forwarded(list(forward_env))
-    remote = urlparse(address).hostname not in LOCAL_HOSTS
+    known = remote is not None
+    remote = remote if known else urlparse(address).hostname not in LOCAL_HOSTS
     if hasattr(parsed, "overrides"):
         for flag in ("--config", "--space"):
             args = _project_relative(args, flag)
@@ -123,13 +142,12 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
         env["MLFLOW_TRACKING_URI"] = uri
         args = [*_without_set(args, "tracking.tracking_uri"), *_set("tracking.tracking_uri", uri),
                 *_set("train.storage_path", runs), *_set("data.output_dir", output)]
-        if remote and not uri.startswith(("http://", "https://", "databricks")):
-            warnings.append(f"the MLflow store {uri} is a path: the job writes it on the cluster's nodes, not "
-                            f"here; use an MLflow server they reach (--set tracking.tracking_uri=http://...)")
-        for key, path in (("train.storage_path", runs), ("data.output_dir", output)):
-            if remote and "://" not in path:
-                warnings.append(f"{key}={path} is a local path: it must be a volume shared by every node "
-                                f"(or an s3://, gs:// ... URI), else workers cannot read what others wrote")
+        problems = _local_paths(cfg, uri, runs, output, PATH_KEYS.get(args[0], ("tracking.tracking_uri",)))
+        if remote and problems and known:
+            raise UserError(f"the cluster at {address} does not see this machine's files (its nodes' Ray sessions "
+                            f"are not here), but {problems[0]}")
+        if remote:
+            warnings += problems
     runtime_env: dict[str, Any] = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": env}
     if pip:
         runtime_env["pip"] = {"packages": requirements(), "pip_check": False}
@@ -139,6 +157,50 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
             raise UserError(f"the job's command line holds the value of {name}, and Ray shows a job's command to "
                             f"anyone who lists jobs: take it out of the arguments (the job gets it via --forward-env)")
     return Job(entrypoint, runtime_env, warnings, secrets)
+
+
+def _local_paths(cfg, uri: str, runs: str, output: str, keys: tuple[str, ...]) -> list[str]:
+    """What the command would read or write on this machine's disk instead of where every node reaches."""
+    found = []
+    if "tracking.tracking_uri" in keys and not uri.startswith(("http://", "https://", "databricks")):
+        found.append(f"tracking.tracking_uri={uri} is a store on this machine: the job would write another one "
+                     f"on the cluster; use an MLflow server the nodes reach (--set tracking.tracking_uri=http://...)")
+    data = cfg.data
+    if "data.path" in keys and data.path and data.source != "demo" and "://" not in data.path:
+        found.append(f"data.path={data.path} is a directory on this machine: copy the corpus to object storage "
+                     f"(e.g. aws s3 sync {data.path} s3://BUCKET/corpus) and --set data.path=s3://BUCKET/corpus")
+    for key, path in (("train.storage_path", runs), ("data.output_dir", output)):
+        if key in keys and "://" not in path:
+            found.append(f"{key}={path} is a path on this machine: workers on other nodes could not read what "
+                         f"others wrote; --set {key}=s3://BUCKET/... (or a volume every node mounts, given as "
+                         f"file://PATH)")
+    return found
+
+
+def cluster_is_remote(address: str) -> bool | None:
+    """Whether the cluster's nodes run where this machine's files are not: none of their Ray sessions is here.
+
+    Every node reports its raylet's socket, a file in its session directory; if this machine sees
+    that socket, it shares the node's filesystem (the same machine, or a shared mount). None when the
+    dashboard does not say (an older Ray, a proxy that hides the endpoint).
+    """
+    try:
+        response = _client(address)._do_request("GET", "/nodes?view=summary", timeout=30)  # with the client's auth
+        nodes = response.json()["data"]["summary"]
+        sockets = [n["raylet"]["rayletSocketName"] for n in nodes if n.get("raylet", {}).get("state") == "ALIVE"]
+    except (AttributeError, KeyError, TypeError, ValueError, OSError) as err:
+        logger.debug(f"cannot ask {address} for its nodes: {err}")
+        return None
+    if not sockets:
+        return None
+    return not all(_is_socket(path) for path in sockets)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def requirements() -> list[str]:
@@ -162,10 +224,13 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
            forward_env: list[str] = ()) -> int:
     """Submit the command as a Ray Job; with follow, stream its logs and return its exit status."""
     address = cluster_address(address)
-    job = plan(command, address, pip=pip, forward_env=forward_env)
+    plan(command, address, pip=pip, forward_env=forward_env, remote=False)  # the command's own mistakes first
+    _check_listening(address)
+    with _cluster_errors(address):
+        remote = cluster_is_remote(address)
+    job = plan(command, address, pip=pip, forward_env=forward_env, remote=remote)
     for warning in job.warnings:
         logger.warning(warning)
-    _check_listening(address)
     with _cluster_errors(address), tempfile.TemporaryDirectory(prefix="nmt-submit-") as tmp:
         runtime_env = dict(job.runtime_env)
         if job.secrets:  # uploaded with the submission; the temporary copy here goes right after
@@ -211,6 +276,10 @@ async def _follow(client, job_id: str) -> tuple[str, str]:
 
 def _client(address: str):
     from ray.job_submission import JobSubmissionClient
+
+    if not log.verbose():  # Ray's upload notices (package names, skipped .gitignore files, "WebSocket closed")
+        for name, level in UPLOAD_CHATTER.items():
+            logging.getLogger(name).setLevel(level)  # after the import: Ray's modules set INFO when imported
 
     # Ray lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override an explicit address; here --address wins.
     saved = os.environ.get("RAY_API_SERVER_ADDRESS")

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..common import log
+from ..common import log, storage
 from ..config import Config
 from ..data.manifest import Manifest
 from ..track import tracking
@@ -90,10 +90,10 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     registered = None
     if best:
         registered = publish(cfg, setup.uri, run_id, best[0], metrics, setup.manifest, register=cfg.tracking.register)
-    tags = {"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}",
-            "best_checkpoint": best[0].path if best else ""}
+    best_path = storage.with_scheme(best[0].path, setup.storage_path) if best else None  # s3://..., not bucket/...
+    tags = {"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}", "best_checkpoint": best_path or ""}
     if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
         tags["averaged_checkpoints"] = str(metrics["averaged"])
     tracking.end_run(setup.uri, run_id, tags=tags)
-    return TrainOutcome(run_name, run_id, metrics, best[0].path if best else None, setup.storage_path,
+    return TrainOutcome(run_name, run_id, metrics, best_path, setup.storage_path,
                         setup.manifest, registered)
