@@ -233,12 +233,66 @@ def test_plan_passes_paths_and_store_explicitly(tmp_path, monkeypatch):
     assert job.warnings == []
     remote = plan(["train", "--set", "train.storage_path=s3://bucket/runs"], "http://10.0.0.5:8265", pip=False)
     assert "pip" not in remote.runtime_env
-    assert any("MLflow store" in w for w in remote.warnings)
+    # Not asked (plan makes no network calls): an address elsewhere only warns.
+    assert any("tracking.tracking_uri=sqlite:///" in w for w in remote.warnings)
     assert not any("train.storage_path" in w for w in remote.warnings)
     with pytest.raises(Exception, match="outside the project"):
         outside = tmp_path / "mine.yaml"
         outside.write_text("train: {epochs: 1}\n")
         plan(["train", "--config", str(outside)], "http://127.0.0.1:8265")
+
+
+def test_plan_refuses_local_stores_and_paths_for_a_cluster_that_does_not_see_them(tmp_path, monkeypatch):
+    from pipeline.common.errors import UserError
+    from pipeline.launch.submit import plan
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    remote = ["--set", "tracking.tracking_uri=http://mlflow:5000", "--set", "train.storage_path=s3://b/runs",
+              "--set", "data.output_dir=s3://b/prepared"]
+    cases = {
+        "tracking.tracking_uri=sqlite:///": ["train"],
+        "train.storage_path=": ["train", "--set", "tracking.tracking_uri=http://mlflow:5000",
+                                "--set", "data.output_dir=s3://b/prepared"],
+        "data.output_dir=": ["prepare"],
+        "data.path=": ["prepare", *remote, "--config", str(ROOT / "configs" / "multi30k_en_de.yaml")],
+    }
+    for key, command in cases.items():
+        with pytest.raises(UserError, match=f"does not see this machine's files.*{key}"):
+            plan(command, "http://127.0.0.1:8265", pip=False, remote=True)
+        assert plan(command, "http://127.0.0.1:8265", pip=False, remote=False).warnings == []  # a shared disk
+    # Storage URIs and a tracking server pass; promote touches no storage, evaluate none but the server's.
+    assert plan(["train", *remote], "http://127.0.0.1:8265", pip=False, remote=True).warnings == []
+    assert plan(["promote", "3", "--set", "tracking.tracking_uri=http://mlflow:5000"], "http://127.0.0.1:8265",
+                pip=False, remote=True).warnings == []
+    with pytest.raises(UserError, match="tracking.tracking_uri"):
+        plan(["evaluate", "--split", "test"], "http://127.0.0.1:8265", pip=False, remote=True)
+
+
+def test_the_cluster_is_asked_whether_it_sees_this_machine(monkeypatch, tmp_path):
+    """Through a tunnel the address is 127.0.0.1 either way: the nodes' raylet sockets decide."""
+    import socket
+
+    from pipeline.launch import submit
+
+    here = tmp_path / "raylet"
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(here))
+
+    class Client:
+        def __init__(self, sockets):
+            self.sockets = sockets
+
+        def _do_request(self, method, endpoint, **kwargs):
+            assert (method, endpoint) == ("GET", "/nodes?view=summary")
+            nodes = [{"raylet": {"state": "ALIVE", "rayletSocketName": path}} for path in self.sockets]
+            nodes.append({"raylet": {"state": "DEAD", "rayletSocketName": "/gone/raylet"}})
+            return types.SimpleNamespace(json=lambda: {"data": {"summary": nodes}})
+
+    for sockets, remote in (([str(here)], False), ([str(here), "/elsewhere/raylet"], True), ([], None)):
+        monkeypatch.setattr(submit, "_client", lambda address, s=sockets: Client(s))
+        assert submit.cluster_is_remote("http://127.0.0.1:8265") is remote, sockets
+    listening.close()
 
 
 def test_plan_keeps_credentials_out_of_the_command_and_env_vars(monkeypatch):

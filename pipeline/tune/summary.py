@@ -48,6 +48,9 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
             scored = history.dropna(subset=["val_bleu"])
             if "checkpoint_path" in scored:  # only checkpoints Ray Train has kept (ties may name a deleted one)
                 scored = scored.dropna(subset=["checkpoint_path"])
+                # Tune records bucket/key for s3:// storage: the scheme back, or nothing would be found.
+                scored = scored.assign(checkpoint_path=scored["checkpoint_path"].map(
+                    lambda path: storage.with_scheme(str(path), cfg.train.storage_path)))
                 scored = scored.loc[scored["checkpoint_path"].map(_kept).astype(bool)]
             if len(scored):
                 top = scored.loc[scored["val_bleu"].idxmax() if cfg.tune.mode == "max" else scored["val_bleu"].idxmin()]
