@@ -93,7 +93,7 @@ def test_cluster_rehearsal_trains_through_a_lost_node_then_tunes_promotes_evalua
     # Nothing written into the laptop directory; the trainer's password nowhere in job records or logs.
     password = (root / "trainer.password").read_text()
     assert not any((root / "laptop").iterdir())
-    logs = [path for node in ("head", "w1", "w2", "w3") for path in (root / node / "ray").glob("session_*/logs")]
+    logs = [path for node in ("head", "w1", "w2", "w3") for path in (root / node / "ray").glob("session_2*/logs")]
     assert len(logs) == 4
     texts = {"jobs": json.dumps(result["jobs"]), **{p.name: p.read_text(errors="replace") for p in root.glob("*.out")}}
     found = leaks([password], texts, logs)

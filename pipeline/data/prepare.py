@@ -17,12 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..common import log, storage
+from ..common.errors import UserError
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
 from .corpus import CorpusError, check_source, source_fingerprint
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, load_manifest
-from .sources import open_source, plan_blocks, tokenizer_sample
+from .sources import TableSource, open_source, plan_blocks, tokenizer_sample
 
 logger = log.get("prepare")
 
@@ -65,9 +66,7 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
     logger.info(", ".join(f"{split}: {count:,} pairs read" for split, count in source.counts.items()))
 
     if tokenizer is None:
-        tokenizer = train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed),
-                                    vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
-                                    joint=cfg.joint_vocab, character_coverage=cfg.character_coverage)
+        tokenizer = fit_tokenizer(source, cfg)
     logger.info(f"SentencePiece {cfg.tokenizer_type}: vocabulary {tokenizer.src_vocab_size}"
                 f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}"
                 f"{' from the parent model' if given else ''}")
@@ -103,6 +102,31 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
     manifest = load_manifest(final)
     logger.info(f"done in {time.perf_counter() - started:.1f}s")
     return manifest
+
+
+def fit_tokenizer(source, cfg: DataConfig) -> Tokenizer:
+    """SentencePiece on a seeded sample of the training split; for files, sampled and trained in a Ray task.
+
+    At WMT14's size the sample is 2M pairs, held several times over while SentencePiece trains:
+    that belongs on a worker, not on the driver (a cluster's head, sized to coordinate). A corpus
+    that is an Arrow table in the driver's memory already (demo, data.source=hf) trains here.
+    """
+    def fit(source) -> dict[str, bytes]:
+        return train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed), vocab_size=cfg.vocab_size,
+                               model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
+                               character_coverage=cfg.character_coverage).files()
+
+    if isinstance(source, TableSource):
+        return Tokenizer.from_files(fit(source), "the tokenizer")
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        return Tokenizer.from_files(ray.get(ray.remote(fit).remote(source)), "the tokenizer task")
+    except RayTaskError as err:  # a user's mistake found in the task is still one line, not a traceback
+        if isinstance(err.cause, UserError):
+            raise err.cause from None
+        raise
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
