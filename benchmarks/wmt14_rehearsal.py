@@ -48,6 +48,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WMT14_TRAIN_PAIRS = 4_508_785
 EVAL_PAIRS = 500  # validation and test (newstest's 3,000 would take most of the run to decode on a CPU)
+# Progress lines whose first appearance times a stage (seconds since the command started).
+MARKS = {"pairs_read": r"pairs read", "tokenizer_trained": r"SentencePiece \w+: vocabulary",
+         "prepared": r"\] done in ", "first_update": r"step 1/", "resumed": r"resumed from step",
+         "checkpoint_reported": r"validation at step"}
 SCHEMA = pa.schema([("translation", pa.struct([("de", pa.string()), ("en", pa.string())]))])
 
 
@@ -130,8 +134,22 @@ def run_measured(command: list[str], stop_when=None, log: Path | None = None) ->
 
     sampler = threading.Thread(target=sample, daemon=True)
     started = time.perf_counter()
-    output = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    marks: dict[str, float] = {}
+
+    def copy_output():  # each line with its time since the start, and when each MARKS line first came
+        with open(log or os.devnull, "w") as sink:
+            for line in proc.stdout:
+                elapsed = time.perf_counter() - started
+                sink.write(f"[{elapsed:7.1f}s] {line}")
+                sink.flush()
+                for name, pattern in MARKS.items():
+                    if name not in marks and re.search(pattern, line):
+                        marks[name] = round(elapsed, 1)
+
+    copier = threading.Thread(target=copy_output, daemon=True)
+    copier.start()
     sampler.start()
     killed = False
     while True:
@@ -149,13 +167,14 @@ def run_measured(command: list[str], stop_when=None, log: Path | None = None) ->
     seconds = time.perf_counter() - started
     done.set()
     sampler.join()
+    copier.join(30)
     if status and not killed:
         tail = log.read_text()[-3000:] if log else ""
         raise SystemExit(f"{' '.join(command)} failed:\n{tail}")
     return {"seconds": round(seconds, 1), "driver_peak_rss_mib": round(usage.ru_maxrss / 1024),
             "worker_peak_rss_mib": round(peaks["worker"] / 2**20),
             "workers_peak_rss_mib": round(peaks["workers"] / 2**20),
-            "object_store_peak_mib": round(peaks["shm"] / 2**20), "killed": killed}
+            "object_store_peak_mib": round(peaks["shm"] / 2**20), "killed": killed, "seconds_at": marks}
 
 
 def nmt(*args: str) -> list[str]:

@@ -30,11 +30,11 @@ class DataConfig:
     source: str = "demo"  # demo | files | hf
     src_lang: str = "en"  # source language code: file suffix and default field name
     tgt_lang: str = "de"  # target language code
-    path: str = ""  # files: directory of the split files; hf: a saved dataset directory
+    path: str = ""  # files: directory of the split files, local or a URI (s3://, gs://, hf://); hf: a saved dataset
     format: str = "text"  # files: text (one file per language) | tsv | jsonl | parquet
     splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "validation": "val", "test": "test"}
-    )  # our split name -> file stem (text: <stem>.<lang>) or HF split name
+    )  # our split name -> file stem (text: <stem>.<lang>; parquet: a glob too, de-en/train-*) or HF split name
     src_field: str = ""  # tsv/jsonl/parquet/hf column; "" = the language code; dots nest
     tgt_field: str = ""  # like src_field, for the target side
     hf_name: str = ""  # a hub dataset, e.g. bentrevett/multi30k or wmt/wmt14
