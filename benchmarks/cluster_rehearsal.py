@@ -107,7 +107,7 @@ class Rehearsal:
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
     def _start(self, name: str, argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
-        log = open(self.root / f"{name}.log", "w")
+        log = open(self.root / f"{name}.log", "a")  # a restarted node's log follows its first attempt's
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                    start_new_session=True)
         self.processes[name] = process
@@ -179,14 +179,26 @@ class Rehearsal:
         if name == "head":
             wait_http(f"{self.dashboard}/api/gcs_healthz", 240, process)
 
-    def wait_nodes(self, count: int, timeout_s: float = 180) -> None:
-        """Until the cluster has `count` alive nodes."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if len(self.alive_nodes()) == count:
-                return
-            time.sleep(1)
-        raise RuntimeError(f"the cluster did not reach {count} nodes: {self.alive_nodes()}")
+    def wait_nodes(self, count: int, joining: str, timeout_s: float = 120) -> None:
+        """Until the cluster has `count` alive nodes, `joining` the last; a node that did not join is started once more.
+
+        On a loaded machine a `ray start` can lose a race for one of its ports (picked free, taken before
+        it binds): the second start gets fresh ports. Its log is in the error when it fails again.
+        """
+        for attempt in range(2):
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if len(self.alive_nodes()) >= count:
+                    return
+                if self.processes[joining].poll() is not None:
+                    break  # `ray start --block` exited: the node is not coming
+                time.sleep(1)
+            if attempt == 0:
+                self.kill_node(joining)
+                self.start_node(joining, 1)
+        log = (self.root / f"{joining}.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"node {joining} did not join the cluster ({len(self.alive_nodes())} of {count} nodes "
+                           f"alive); its `ray start` said:\n{log}")
 
     def alive_nodes(self) -> list[str]:
         request = urllib.request.Request(f"{self.dashboard}/nodes?view=summary",
@@ -200,7 +212,10 @@ class Rehearsal:
         import psutil
 
         process = self.processes.pop(name)
-        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        try:
+            tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:  # it had exited already
+            tree = []
         for proc in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
@@ -273,9 +288,9 @@ def run(rehearsal: Rehearsal) -> dict:
     r.start_s3()
     r.start_mlflow()
     r.start_node("head", 0)
-    for name in ("w1", "w2"):
+    for count, name in enumerate(("w1", "w2"), start=2):
         r.start_node(name, 1)
-    r.wait_nodes(3)
+        r.wait_nodes(count, name)
     r.timings["start_cluster"] = round(time.monotonic() - started, 1)
     tracking = r.mlflow.replace("http://", f"http://trainer:{r.password}@")
     common = ["--config", "configs/demo.yaml", *[x for s in SMALL for x in ("--set", s)],
@@ -303,7 +318,7 @@ def run(rehearsal: Rehearsal) -> dict:
     while process.poll() is None and time.monotonic() < deadline:
         if not lost and checkpoint_registered(r, "runs/rehearsal-train"):
             lost = {"after_s": round(time.monotonic() - t0, 1), "processes_killed": r.kill_node("w2")}
-            r.start_node("w3", 1)
+            r.start_node("w3", 1)  # joins while the run waits for capacity; the run's own wait bounds it
         time.sleep(0.5)
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)

@@ -161,8 +161,14 @@ class TranslationService:
         return [str(t) for t in self._engine(texts, beam_size)]
 
 
-def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str):
-    """The Serve application for a serve config section: the model resolved and pinned, limits applied."""
+def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = ""):
+    """The Serve application for a serve config section: the model resolved and pinned, limits applied.
+
+    The model is cfg.model_uri, else the champion of registered_model.
+    """
+    if not cfg.model_uri and not registered_model:
+        raise UserError("no model to serve: set serve.model_uri (e.g. models:/NAME@champion) or "
+                        "tracking.registered_model")
     uri = tracking.connect(tracking_uri)
     model_uri, version = resolve_model(uri, cfg.model_uri or champion_uri(registered_model))
     return _bind(cfg, uri, model_uri, version)
