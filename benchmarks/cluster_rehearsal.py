@@ -188,7 +188,7 @@ class Rehearsal:
         for attempt in range(2):
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                if len(self.alive_nodes()) >= count:
+                if self.node_count() >= count:
                     return
                 if self.processes[joining].poll() is not None:
                     break  # `ray start --block` exited: the node is not coming
@@ -197,8 +197,16 @@ class Rehearsal:
                 self.kill_node(joining)
                 self.start_node(joining, 1)
         log = (self.root / f"{joining}.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"node {joining} did not join the cluster ({len(self.alive_nodes())} of {count} nodes "
+        raise RuntimeError(f"node {joining} did not join the cluster ({self.node_count()} of {count} nodes "
                            f"alive); its `ray start` said:\n{log}")
+
+    def node_count(self) -> int:
+        """Alive nodes as the GCS sees them (the State API), before the dashboard's node summary lists them."""
+        request = urllib.request.Request(f"{self.dashboard}/api/v0/nodes",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            nodes = json.loads(response.read())["data"]["result"]["result"]
+        return sum(node["state"] == "ALIVE" for node in nodes)
 
     def alive_nodes(self) -> list[str]:
         request = urllib.request.Request(f"{self.dashboard}/nodes?view=summary",
