@@ -234,7 +234,7 @@ def main(argv=None) -> None:
         train = nmt("train", "--config", "configs/wmt14_en_de.yaml", "--set", "data.path=s3://wmt/large",
                     "--set", "data.output_dir=s3://wmt/prepared-large", "--set", "train.use_gpu=false",
                     "--set", "train.num_workers=2", "--set", f"train.max_tokens={args.max_tokens}",
-                    "--set", "train.amp=off", "--set", f"train.max_steps={args.train_steps}",
+                    "--set", f"train.max_steps={args.train_steps}",
                     "--set", "train.val_interval=10", "--set", "train.log_every=1", "--set", "train.beam_size=1",
                     "--set", "train.average_last=1", "--set", f"train.storage_path={runs}",
                     "--set", "train.run_name=wmt14-base", "--set", "tracking.register=false",

@@ -243,11 +243,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.epochs=3")
-        set_value(config, key.strip(), yaml.safe_load(raw) if raw.strip() else "", where=f"--set {item}")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        if isinstance(value, bool) and raw.strip().lower() not in ("true", "false") and _is_text(key.strip()):
+            value = raw.strip()  # YAML 1.1 reads off, on, yes, no as booleans: train.amp=off means "off"
+        set_value(config, key.strip(), value, where=f"--set {item}")
         named = named or (key.strip() == "tracking.registered_model" and bool(config.tracking.registered_model))
     if not named:  # derived from the data as overridden, not as the file had it
         config.tracking.registered_model = default_model_name(config.data)
     return config
+
+
+def _is_text(dotted: str) -> bool:
+    """Whether a known key holds a string."""
+    section, _, key = dotted.partition(".")
+    section_type = {f.name: f.type for f in dataclasses.fields(Config)}.get(section)
+    if section_type is None:
+        return False
+    return typing.get_type_hints(globals()[section_type] if isinstance(section_type, str) else section_type).get(
+        key) is str
 
 
 def default_model_name(data: DataConfig) -> str:

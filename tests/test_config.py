@@ -76,3 +76,11 @@ def test_each_corpus_and_language_pair_registers_under_its_own_name():
     assert load_config(None, ["tracking.registered_model=mine", "data.src_lang=fr"]).tracking.registered_model == "mine"
     assert config_from_dict(load_config(root / "wmt14_en_de.yaml").to_dict()).tracking.registered_model == \
         "transformer-nmt-wmt14-en-de"  # what a worker rebuilds
+
+
+def test_a_yaml_boolean_word_set_on_a_text_key_stays_the_word():
+    # YAML 1.1 reads off/on/yes/no as booleans; train.amp's choices include "off".
+    assert load_config(None, ["train.amp=off"]).train.amp == "off"
+    assert load_config(None, ["train.use_gpu=yes"]).train.use_gpu is True  # a bool key keeps YAML's reading
+    with pytest.raises(ConfigError, match=r"train\.amp must be of type str, got True"):
+        load_config(None, ["train.amp=true"])
