@@ -281,9 +281,11 @@ def checkpoint_figures(runs: str, tmp: Path) -> dict:
     directory = model.rsplit("/", 1)[0]
     size = sum(i.size for i in infos if i.path.startswith(directory + "/") and i.type == pafs.FileType.File)
     local = tmp / "checkpoint"
+    local.mkdir(parents=True)
     started = time.perf_counter()
     pafs.copy_files(directory, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     download = time.perf_counter() - started
+    fs.create_dir(f"{path}/upload-check", recursive=True)  # a no-op on object stores
     started = time.perf_counter()
     pafs.copy_files(str(local), f"{path}/upload-check", source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=fs)
