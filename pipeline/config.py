@@ -244,7 +244,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.epochs=3")
         value = yaml.safe_load(raw) if raw.strip() else ""
-        if isinstance(value, bool) and raw.strip().lower() not in ("true", "false") and _is_text(key.strip()):
+        if isinstance(value, bool) and raw.strip().lower() not in ("true", "false") and _is_text(config, key.strip()):
             value = raw.strip()  # YAML 1.1 reads off, on, yes, no as booleans: train.amp=off means "off"
         set_value(config, key.strip(), value, where=f"--set {item}")
         named = named or (key.strip() == "tracking.registered_model" and bool(config.tracking.registered_model))
@@ -253,14 +253,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config
 
 
-def _is_text(dotted: str) -> bool:
-    """Whether a known key holds a string."""
+def _is_text(config: Config, dotted: str) -> bool:
+    """Whether a known key of the config holds a string."""
     section, _, key = dotted.partition(".")
-    section_type = {f.name: f.type for f in dataclasses.fields(Config)}.get(section)
-    if section_type is None:
-        return False
-    return typing.get_type_hints(globals()[section_type] if isinstance(section_type, str) else section_type).get(
-        key) is str
+    part = getattr(config, section, None) if section in {f.name for f in dataclasses.fields(Config)} else None
+    return part is not None and typing.get_type_hints(type(part)).get(key) is str
 
 
 def default_model_name(data: DataConfig) -> str:
