@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -132,7 +133,8 @@ def source_fingerprint(cfg: DataConfig) -> str:
             info = storage.file_info(path)
             if info.type != pafs.FileType.File:
                 raise CorpusError(f"{path}: file not found; check data.path, data.splits and the languages")
-            digest.update(path[len(str(root)):].lstrip("/").encode())
+            relative = path[len(root):].lstrip("/") if storage.is_uri(path) else os.path.relpath(path, root)
+            digest.update(relative.encode())
             if storage.is_uri(path):
                 digest.update(json.dumps([info.size, info.mtime_ns]).encode())
                 continue
