@@ -67,6 +67,19 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen | None = Non
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f}s")
 
 
+@contextlib.contextmanager
+def mlflow_login(user: str, password: str):
+    """MLflow's client credentials set in this process inside the block, the earlier ones put back after."""
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict(zip(names, (user, password))))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+
+
 class Rehearsal:
     """The servers, the nodes and the laptop of one rehearsal, under one short directory."""
 
@@ -142,15 +155,10 @@ class Rehearsal:
         wait_http(f"{self.mlflow}/health", 300, process)
         from mlflow.server import get_app_client
 
-        saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-        os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=admin)
-        try:
+        with mlflow_login("admin", admin):
             client = get_app_client("basic-auth", tracking_uri=self.mlflow)
             client.create_user("trainer", self.password)
             client.create_user("serving", self.serving_password)
-        finally:
-            for key, value in saved.items():
-                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
     def start_node(self, name: str, num_cpus: int) -> None:
         """`ray start --block` of the head (0 CPUs: it runs drivers, as on a real cluster) or of a worker node."""
@@ -361,9 +369,7 @@ def server_view(r: Rehearsal) -> dict:
     """What the team sees on the tracking server afterwards, read as the trainer."""
     from mlflow.tracking import MlflowClient
 
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=r.password)
-    try:
+    with mlflow_login("trainer", r.password):
         client = MlflowClient(r.mlflow)
         experiment = client.get_experiment_by_name("rehearsal")
         runs = client.search_runs([experiment.experiment_id])
@@ -377,9 +383,6 @@ def server_view(r: Rehearsal) -> dict:
         view["champion"] = {"name": champion.name, "version": champion.version, "tags": champion.tags}
         view["versions"] = len(client.search_model_versions(f"name = '{champion.name}'"))
         return view
-    finally:
-        for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 def serve(r: Rehearsal) -> dict:

@@ -42,14 +42,25 @@ sys.path.insert(0, str(REPO_ROOT))
 MULTI30K_PAIRS = 29_000
 
 
-def _ray_worker_rss() -> int:
-    """Bytes of resident memory of every Ray worker process on this machine, summed."""
-    total = 0
+def ray_workers() -> list[psutil.Process]:
+    """Every Ray worker process on this machine."""
+    found = []
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             command = " ".join(proc.info["cmdline"] or [])
             if (proc.info["name"] or "").startswith("ray::") or "default_worker.py" in command:
-                total += proc.memory_info().rss
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _ray_worker_rss() -> int:
+    """Bytes of resident memory of every Ray worker process on this machine, summed."""
+    total = 0
+    for proc in ray_workers():
+        try:
+            total += proc.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return total

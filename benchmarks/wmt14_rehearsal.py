@@ -46,6 +46,9 @@ import pyarrow.parquet as pq
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import ray_workers  # noqa: E402
+
 WMT14_TRAIN_PAIRS = 4_508_785
 EVAL_PAIRS = 500  # validation and test (newstest's 3,000 would take most of the run to decode on a CPU)
 # Progress lines whose first appearance times a stage (seconds since the command started).
@@ -103,16 +106,6 @@ def s3_bytes(uri: str) -> int:
     return sum(info.size for info in infos if info.type == pafs.FileType.File)
 
 
-def _ray_workers() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            command = " ".join(proc.info["cmdline"] or [])
-            if (proc.info["name"] or "").startswith("ray::") or "default_worker.py" in command:
-                found.append(proc)
-    return found
-
-
 def run_measured(command: list[str], stop_when=None, log: Path | None = None) -> dict:
     """Run a command: wall seconds, its peak RSS, Ray workers' peak RSS (largest one, summed), /dev/shm's peak use.
 
@@ -125,7 +118,7 @@ def run_measured(command: list[str], stop_when=None, log: Path | None = None) ->
     def sample():
         while not done.wait(0.5):
             rss = []
-            for proc in _ray_workers():
+            for proc in ray_workers():
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     rss.append(proc.memory_info().rss)
             peaks["worker"] = max(peaks["worker"], max(rss, default=0))
