@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -59,7 +60,7 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen | None = Non
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before {url} answered")
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, http.client.HTTPException):
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as response:
                 if response.status == 200:
                     return
@@ -208,19 +209,25 @@ class Rehearsal:
         raise RuntimeError(f"node {joining} did not join the cluster ({self.node_count()} of {count} nodes "
                            f"alive); its `ray start` said:\n{log}")
 
-    def node_count(self) -> int:
-        """Alive nodes as the GCS sees them (the State API), before the dashboard's node summary lists them."""
-        request = urllib.request.Request(f"{self.dashboard}/api/v0/nodes",
-                                         headers={"Authorization": f"Bearer {self.token}"})
+    def dashboard_get(self, path: str):
+        """The dashboard's JSON answer at `path`, with the cluster's token."""
+        request = urllib.request.Request(f"{self.dashboard}{path}", headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(request, timeout=30) as response:
-            nodes = json.loads(response.read())["data"]["result"]["result"]
+            return json.loads(response.read())
+
+    def node_count(self) -> int:
+        """Alive nodes as the GCS sees them (the State API), before the dashboard's node summary lists them.
+
+        0 while the dashboard cannot answer: on a loaded machine it can drop connections as it starts.
+        """
+        try:
+            nodes = self.dashboard_get("/api/v0/nodes")["data"]["result"]["result"]
+        except (OSError, http.client.HTTPException, ValueError, KeyError):
+            return 0
         return sum(node["state"] == "ALIVE" for node in nodes)
 
     def alive_nodes(self) -> list[str]:
-        request = urllib.request.Request(f"{self.dashboard}/nodes?view=summary",
-                                         headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            nodes = json.loads(response.read())["data"]["summary"]
+        nodes = self.dashboard_get("/nodes?view=summary")["data"]["summary"]
         return [n["raylet"]["rayletSocketName"] for n in nodes if n["raylet"].get("state") == "ALIVE"]
 
     def kill_node(self, name: str) -> int:
@@ -261,10 +268,7 @@ class Rehearsal:
 
     def job_records(self) -> list[dict]:
         """Every job as the Jobs API shows it to anyone with the cluster's token."""
-        request = urllib.request.Request(f"{self.dashboard}/api/jobs/",
-                                         headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
+        return self.dashboard_get("/api/jobs/")
 
     def stop(self) -> None:
         """Stop every node and server (their whole process trees)."""
