@@ -11,10 +11,15 @@ MAX_LEN_OFFSET = 50  # the paper's maximum output length: input length + 50
 
 
 def _max_lengths(model: Transformer, src: Tensor, max_len: int | None) -> Tensor:
-    """Per-sentence output length limit (excluding eos): src length + 50, or max_len if given."""
+    """Per-sentence output length limit (excluding eos): src length + 50, or max_len if given.
+
+    Never past the positional table: the token fed at step t sits at position t (bos at 0).
+    """
     if max_len is not None:
-        return torch.full((src.shape[0],), max_len, dtype=torch.long, device=src.device)
-    return (src != model.cfg.pad_id).sum(dim=1) + MAX_LEN_OFFSET
+        limits = torch.full((src.shape[0],), max_len, dtype=torch.long, device=src.device)
+    else:
+        limits = (src != model.cfg.pad_id).sum(dim=1) + MAX_LEN_OFFSET
+    return limits.clamp(max=model.cfg.max_positions - 1)
 
 
 def _restrict(model: Transformer, scores: Tensor, state: DecoderState, max_lens: Tensor) -> Tensor:

@@ -62,6 +62,19 @@ def test_the_export_leaves_the_model_unchanged_and_replaces_an_earlier_export(to
     assert len(ct2.Ct2Translator(directory).translate(["a small dog"])) == 1
 
 
+def test_the_export_never_replaces_a_directory_of_other_files(tokenizer, tmp_path, monkeypatch):
+    mine = tmp_path / "work"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    monkeypatch.chdir(mine)
+    for out in (".", str(mine), "notes.txt"):  # `nmt export --out .` in a project directory
+        with pytest.raises(UserError, match="not empty and holds no CTranslate2 model|is a file"):
+            ct2.export(_translator(tokenizer), out, "int8")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert (ct2.export(_translator(tokenizer), tmp_path / "empty", "int8") / "model.bin").is_file()
+
+
 def test_an_unknown_quantization_is_a_clear_error(tokenizer, tmp_path):
     with pytest.raises(UserError, match="quantization must be one of int8, float32"):
         ct2.export(_translator(tokenizer), tmp_path / "ct2", "int4")

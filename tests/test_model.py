@@ -175,6 +175,18 @@ def test_outputs_respect_the_length_limits_and_contain_no_special_tokens():
         assert len(hyp) <= length + 50
 
 
+def test_outputs_stop_at_the_last_position_the_model_has():
+    model = make_model(seed=2, max_positions=12)  # src length + 50 would run far past position 11
+    def no_eos(module, inputs, logits):  # eos only when forced: every output runs to its limit
+        logits[..., EOS] -= 1e4
+
+    model.decoder.generator.register_forward_hook(no_eos)
+    src, _ = random_batch(batch=4, seed=3)
+    searches = (beam_search(model, src, beam_size=3), greedy_search(model, src), greedy_search(model, src, max_len=40))
+    for hyps in searches:
+        assert max(len(h) for h in hyps) == 11
+
+
 def test_beam_search_rejects_a_beam_of_zero():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(make_model(), random_batch()[0], beam_size=0)

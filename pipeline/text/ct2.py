@@ -125,22 +125,36 @@ def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], 
     """The model as a CTranslate2 directory (also(dir) adds files), written aside, then renamed into place."""
     if quantization not in QUANTIZATIONS:
         raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
-    directory = Path(directory)
+    directory = Path(directory).absolute()  # "." has no name to put a sibling beside
+    _check_replaceable(directory)
     spec = _spec(model, src_vocab, tgt_vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
     directory.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    earlier = partial.with_name(partial.name + ".old")
     try:
         spec.save(str(partial))
         if also is not None:
             also(partial)
-        if directory.exists():
-            shutil.rmtree(directory)
+        if directory.exists():  # an earlier export: moved aside, not deleted until the new one is in place
+            directory.rename(earlier)
         partial.rename(directory)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(earlier, ignore_errors=True)
     return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace anything but a missing or empty directory or an earlier export: never a user's files."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise UserError(f"{directory} is a file, not a directory: choose another --out")
+    if any(directory.iterdir()) and not (directory / "model.bin").is_file():
+        raise UserError(f"{directory} is not empty and holds no CTranslate2 model (model.bin): export into a new "
+                        f"or empty directory, or into an earlier export to replace it")
 
 
 def load_engine(directory: str | Path, device: str = "cpu", threads: int = 0):

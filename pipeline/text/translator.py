@@ -29,6 +29,9 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], beam_siz
     device = next(model.parameters()).device
     # An empty source has nothing to attend to (its softmax would be all -inf): it translates to nothing.
     order = sorted((i for i in range(len(sources)) if len(sources[i])), key=lambda i: len(sources[i]))
+    if order and len(sources[order[-1]]) > model.cfg.max_positions:
+        raise ValueError(f"a source of {len(sources[order[-1]])} tokens is longer than the model's "
+                         f"{model.cfg.max_positions} positions")
     outputs: list[list[int]] = [[] for _ in sources]
     start = 0
     while start < len(order):
