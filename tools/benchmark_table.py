@@ -59,6 +59,10 @@ HEADLINES = [
      "ASHA: {tune_asha[asha_updates]:,} (kept a {tune_asha[asha_pick_val_bleu_full]:.2f}-BLEU config)",
      "every trial to the end: {tune_asha[fifo_updates]:,} (best {tune_asha[best_val_bleu_full]:.2f})",
      "{tune_asha[asha_over_fifo_updates]:.2f}x"),
+    ("dedup", "`nmt prepare` with dedup, 200k distinct WMT14-shaped pairs, seconds",
+     "per-block marking: {dedup[this][seconds]:.0f}",
+     "one Python call per pair (`map_groups`): {dedup[baseline][seconds]:.0f}",
+     "{dedup[seconds_baseline_to_this]:.1f}x faster, the same {dedup[this][train_pairs_kept]:,} pairs kept"),
     ("serve", "translation service at 16 clients, sentences/s",
      "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
      "CTranslate2 int8: {serve[ctranslate2_int8_batched_sentences_per_s]:.1f}",
