@@ -134,13 +134,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
-    from .track import registry, tracking
+    from .track import champion, tracking
 
     cfg = _load(args)
     uri = tracking.connect(cfg.tracking.tracking_uri)
     name = args.name or cfg.tracking.registered_model
-    registry.promote(uri, name, args.version)
-    print(f"{name} version {args.version} is now @{registry.CHAMPION}")
+    if args.version is None:  # versions a crashed registration left undecided get the val_bleu rule
+        decision = champion.decide(uri, name)
+        if decision.version is None:
+            raise UserError(f"registered model {name!r} has no version with a val_bleu to decide on")
+        print(f"{name} version {decision.version} (val_bleu {decision.val_bleu:.2f}) is @{champion.CHAMPION}")
+        return 0
+    champion.promote(uri, name, args.version)
+    print(f"{name} version {args.version} is now @{champion.CHAMPION}")
     return 0
 
 

@@ -52,10 +52,18 @@ def groups(spec: dict) -> list[dict]:
     return [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
 
 
+def ray_pod_templates(doc: dict) -> list[dict]:
+    """The pod templates of a RayCluster, RayJob or RayService: one per Ray group, then a RayJob's submitter."""
+    found = [group["template"] for group in groups(cluster_spec(doc))]
+    if doc["kind"] == "RayJob" and "submitterPodTemplate" in doc["spec"]:
+        found.append(doc["spec"]["submitterPodTemplate"])
+    return found
+
+
 def pod_specs(doc: dict) -> list[dict]:
-    """The pod specs an object runs: one per Ray group, one per workload template."""
+    """The pod specs an object runs: one per Ray group and submitter, one per workload template."""
     if doc["kind"] in RAY_KINDS:
-        return [group["template"]["spec"] for group in groups(cluster_spec(doc))]
+        return [template["spec"] for template in ray_pod_templates(doc)]
     if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
         return [doc["spec"]["template"]["spec"]]
     return []
@@ -116,6 +124,12 @@ def references(doc: dict) -> list[tuple[str, str, str, str | None, bool]]:
             refs.append(("Secret", ns, auth["secretName"], "auth_token", False))
     if doc["kind"] == "PersistentVolumeClaim" and doc["spec"].get("storageClassName"):
         refs.append(("StorageClass", "", doc["spec"]["storageClassName"], None, False))
+    if doc["kind"] == "NetworkPolicy":  # namespaces it admits by name; optional: the policy applies without them
+        for rule in doc["spec"].get("ingress", []):
+            for peer in rule.get("from", []):
+                name = peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                if name:
+                    refs.append(("Namespace", "", name, None, True))
     if ns:
         refs.append(("Namespace", "", ns, None, False))
     for pod in pod_specs(doc):

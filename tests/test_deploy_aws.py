@@ -1,7 +1,7 @@
 """deploy/cluster-aws.yaml and deploy/aws/: the cluster launcher against Ray's own schema, its AMI and IAM policies.
 
-The policies keep the autoscaler's EC2 rights as Ray's AWS provider uses them, and add the bucket, the
-image and the SSM parameters the launcher reads.
+The policies keep the autoscaler's EC2 rights as Ray's AWS provider uses them, on this cluster's instances
+only (the tag Ray puts on each), and add the bucket, the image and the SSM parameters the launcher reads.
 """
 
 from __future__ import annotations
@@ -55,14 +55,26 @@ def test_cluster_launcher_matches_rays_schema_and_pins_its_ami():
     assert config["file_mounts"]["/home/ray/.ray/auth_token"] == "~/.ray/auth_token"
 
 
-def _allows(policy: dict, action: str, resource: str) -> bool:
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _allows(policy: dict, action: str, resource: str, context: dict | None = None) -> bool:
+    """Whether a statement allows the call; a condition holds only when the request's context has its value."""
     for statement in policy["Statement"]:
-        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-        if (statement["Effect"] == "Allow" and any(fnmatch.fnmatch(action, a) for a in actions)
-                and any(fnmatch.fnmatch(resource, r) for r in resources)):
+        if (statement["Effect"] == "Allow" and any(fnmatch.fnmatch(action, a) for a in _listed(statement["Action"]))
+                and any(fnmatch.fnmatch(resource, r) for r in _listed(statement["Resource"]))
+                and _conditions_hold(statement.get("Condition", {}), context or {})):
             return True
     return False
+
+
+def _conditions_hold(condition: dict, context: dict) -> bool:
+    for operator, pairs in condition.items():
+        assert operator == "StringEquals", f"{operator}: not evaluated here"
+        if any(context.get(key) not in _listed(values) for key, values in pairs.items()):
+            return False
+    return True
 
 
 def _autoscaler_ec2_actions() -> set[str]:
@@ -87,8 +99,10 @@ def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
     account = profile[config["head_node_type"]].split(":")[4]
     actions = _autoscaler_ec2_actions()
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "ec2:DescribeInstances"} <= actions
+    instance, tagged = _instance_and_tags(config)
     for action in actions:
-        assert _allows(head, action, "*"), f"the head's profile lacks {action}, which Ray's autoscaler calls"
+        resource, context = ("*", {}) if action.startswith("ec2:Describe") else (instance, tagged)
+        assert _allows(head, action, resource, context), f"the head's profile lacks {action}, which Ray calls"
     for name, arn in profile.items():
         if name != config["head_node_type"]:
             role = arn.replace(":instance-profile/", ":role/")  # the README names each role like its profile
@@ -113,3 +127,45 @@ def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
             for parameter in re.findall(r"--name (/\S+)", command):
                 assert _allows(policy, "ssm:GetParameter", f"arn:aws:ssm:{region}:{account}:parameter{parameter}")
     assert not any(_allows(worker, a, "*") for a in ("ec2:RunInstances", "ec2:TerminateInstances", "iam:PassRole"))
+
+
+def _instance_and_tags(config: dict) -> tuple[str, dict]:
+    """An instance of the cluster's account and region, and the tag context of a call on one of its nodes."""
+    from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME
+
+    account = config["available_node_types"][config["head_node_type"]]["node_config"]["IamInstanceProfile"]["Arn"]
+    instance = f"arn:aws:ec2:{config['provider']['region']}:{account.split(':')[4]}:instance/i-0123456789abcdef0"
+    name = config["cluster_name"]
+    return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name}
+
+
+def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
+    """Ray tags every node it launches ray-cluster-name=<cluster_name>: the head launches, stops, starts,
+    terminates and retags only such instances, never another team's; describe calls take no resource."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    instance, ours = _instance_and_tags(config)
+    assert '"Key": TAG_RAY_CLUSTER_NAME' in _ray_aws_source("node_provider"), "Ray no longer tags its nodes so"
+    theirs = {key: "another-team" for key in ours}
+    for action in ("ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances", "ec2:CreateTags",
+                   "ec2:DeleteTags", "ec2:RunInstances"):
+        assert _allows(head, action, instance, ours), action
+        assert not _allows(head, action, instance, theirs), f"{action} on another cluster's instance"
+        assert not _allows(head, action, instance), f"{action} on an untagged instance"
+    # A launch names its AMI, subnet, security group, interface, volume and key pair too; those carry no tag.
+    region, account = instance.split(":")[3:5]
+    for resource in (f"arn:aws:ec2:{region}::image/ami-0abc", f"arn:aws:ec2:{region}:{account}:subnet/subnet-0abc",
+                     f"arn:aws:ec2:{region}:{account}:security-group/sg-0abc",
+                     f"arn:aws:ec2:{region}:{account}:network-interface/eni-0abc",
+                     f"arn:aws:ec2:{region}:{account}:volume/vol-0abc",
+                     f"arn:aws:ec2:{region}:{account}:key-pair/ray-autoscaler_1_{region}"):
+        assert _allows(head, "ec2:RunInstances", resource), resource
+    # The tags of RunInstances' TagSpecifications are authorised as CreateTags on the new instance.
+    assert _allows(head, "ec2:CreateTags", instance, {"ec2:CreateAction": "RunInstances"})
+    assert not _allows(head, "ec2:CreateTags", instance, {"ec2:CreateAction": "CreateVolume"})
+    for statement in head["Statement"]:
+        changes = [a for a in _listed(statement["Action"]) if a.startswith("ec2:") and not a.startswith("ec2:Describe")]
+        if changes:
+            assert "*" not in _listed(statement["Resource"]), f"{statement['Sid']}: {changes} on every resource"
+            if any(":instance/" in r for r in _listed(statement["Resource"])):
+                assert statement.get("Condition"), f"{statement['Sid']}: {changes} on any instance"

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 
 import pytest
@@ -13,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
 from pipeline.text.translator import Translator
+from pipeline.track import champion as champion_rule
 from pipeline.track import registry
 
 pytestmark = pytest.mark.slow
@@ -124,21 +126,95 @@ def test_mlflow_models_serve_answers_invocations(champion, tmp_path):
 
 def test_champion_moves_only_when_val_bleu_improves_and_promote_moves_it_by_hand(champion, capsys):
     translator = Translator.from_files(_translator_files(champion))
-    first = registry.champion_bleu(champion.uri, champion.model_name)
+    first = champion_rule.champion_bleu(champion.uri, champion.model_name)
     assert first == (champion.version, pytest.approx(champion.val_bleu, abs=1e-3))
     try:
         worse = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
                                   champion.val_bleu - 1.0, {}, example=EXAMPLES[0])
-        assert not worse.champion and registry.champion_bleu(champion.uri, champion.model_name)[0] == champion.version
+        assert not worse.champion
+        assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == champion.version
         better = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
                                    champion.val_bleu + 1.0, {}, example=EXAMPLES[0])
-        assert better.champion and registry.champion_bleu(champion.uri, champion.model_name)[0] == better.version
+        assert better.champion and champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == better.version
         assert main(["promote", worse.version, "--set", f"tracking.tracking_uri={champion.uri}"]) == 0
-        assert registry.champion_bleu(champion.uri, champion.model_name)[0] == worse.version
+        assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == worse.version
         assert main(["promote", "999", "--set", f"tracking.tracking_uri={champion.uri}"]) == 2
         assert "has no version 999" in capsys.readouterr().err
     finally:  # later tests look for the original champion
-        registry.promote(champion.uri, champion.model_name, champion.version)
+        champion_rule.promote(champion.uri, champion.model_name, champion.version)
+
+
+def test_two_registrations_at_once_leave_the_better_one_champion(champion, monkeypatch):
+    """The worse version's alias write is slowed down: without the lock it lands last and wins."""
+    import threading
+
+    translator = Translator.from_files(_translator_files(champion))
+    set_alias = MlflowClient.set_registered_model_alias
+    slow = {}
+
+    def delayed(self, name, alias, version):
+        if str(version) == slow.get("version"):
+            time.sleep(2.0)
+        return set_alias(self, name, alias, version)
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", delayed)
+    create = MlflowClient.create_model_version
+
+    def remember_worse(self, name, source, **kwargs):
+        version = create(self, name, source, **kwargs)
+        if float(kwargs["tags"]["val_bleu"]) < champion.val_bleu + 2:
+            slow["version"] = str(version.version)
+        return version
+
+    monkeypatch.setattr(MlflowClient, "create_model_version", remember_worse)
+    results = {}
+    barrier = threading.Barrier(2)
+
+    def register(gain: float) -> None:
+        barrier.wait()
+        results[gain] = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
+                                          champion.val_bleu + gain, {}, example=EXAMPLES[0])
+
+    try:
+        threads = [threading.Thread(target=register, args=(gain,)) for gain in (1.0, 2.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert set(results) == {1.0, 2.0}
+        assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == results[2.0].version
+        assert results[2.0].champion
+        tags = MlflowClient(champion.uri).get_model_version(champion.model_name, results[1.0].version).tags
+        assert tags["champion_decision"] in ("champion", f"kept version {results[2.0].version}")
+        assert "champion_lock" not in MlflowClient(champion.uri).get_registered_model(champion.model_name).tags
+    finally:
+        monkeypatch.undo()
+        champion_rule.promote(champion.uri, champion.model_name, champion.version)
+
+
+def test_a_version_left_undecided_is_decided_by_the_next_promote(champion, capsys):
+    client = MlflowClient(champion.uri)
+    source = client.get_model_version(champion.model_name, champion.version)
+    # What a registration that died after creating its version leaves: no decision, a better val_bleu.
+    orphan = client.create_model_version(champion.model_name, source.source, run_id=champion.run_id,
+                                         model_id=source.source.removeprefix("models:/"),
+                                         tags={"val_bleu": f"{champion.val_bleu + 5:.4f}"})
+    try:
+        assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] != str(orphan.version)
+        assert main(["promote", "--set", f"tracking.tracking_uri={champion.uri}"]) == 0
+        assert f"version {orphan.version} " in capsys.readouterr().out
+        assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == str(orphan.version)
+        assert client.get_model_version(champion.model_name, orphan.version).tags["champion_decision"] == "champion"
+    finally:
+        champion_rule.promote(champion.uri, champion.model_name, champion.version)
+
+
+def test_a_champion_that_cannot_be_read_is_an_error_not_no_champion(monkeypatch):
+    from pipeline.common.errors import UserError
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(UserError, match="cannot read registered model 'm'"):
+        champion_rule.champion_bleu(f"http://127.0.0.1:{free_port()}", "m")
 
 
 def _translator_files(champion):
@@ -193,6 +269,48 @@ def test_a_model_uri_that_does_not_exist_is_a_clear_error(champion, capsys):
                  "--set", f"tracking.tracking_uri={champion.uri}"])
     err = capsys.readouterr().err
     assert code == 2 and "cannot load model 'models:/no-such-model@champion'" in err and "Traceback" not in err
+
+
+STORED_CODE = """
+import pathlib
+
+import mlflow
+
+pathlib.Path(MARKER).write_text("code stored with a model ran")
+
+
+class Anything(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        return model_input
+
+
+mlflow.models.set_model(Anything())
+"""
+
+
+def test_loading_a_model_by_uri_runs_no_code_stored_with_it(champion, tmp_path, capsys):
+    """A model anyone on a shared server could log, whose code runs on import: nmt reads only its data files."""
+    import mlflow
+
+    marker = tmp_path / "ran"
+    code = tmp_path / "stored_code.py"
+    code.write_text(STORED_CODE.replace("MARKER", repr(str(marker))))
+    mlflow.set_tracking_uri(champion.uri)
+    mlflow.set_experiment(champion.experiment)
+    with mlflow.start_run(run_name="stored-code") as run:
+        mlflow.pyfunc.log_model(name="bare", python_model=str(code))
+        mlflow.pyfunc.log_model(name="armed", python_model=str(code),
+                                artifacts={"translator": _translator_files(champion)})
+    marker.unlink(missing_ok=True)  # logging may import it; from here on nothing may
+    settings = ["--set", f"tracking.tracking_uri={champion.uri}"]
+    assert main(["translate", "a dog", "--model", f"runs:/{run.info.run_id}/bare", *settings]) == 2
+    err = capsys.readouterr().err
+    assert "has no artifacts/translator/" in err and len(err.strip().splitlines()) == 1
+    assert main(["translate", *EXAMPLES, "--beam", "1", "--model", f"runs:/{run.info.run_id}/armed", *settings]) == 0
+    armed = capsys.readouterr().out.splitlines()
+    assert main(["translate", *EXAMPLES, "--beam", "1", *settings]) == 0  # the champion: the same files
+    assert armed == capsys.readouterr().out.splitlines() and len(armed) == 2
+    assert not marker.exists()
 
 
 def test_export_attaches_a_ctranslate2_model_that_translate_and_evaluate_can_use(champion, tmp_path, capsys):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import environment, free_port
@@ -75,14 +76,23 @@ class SwitchableProxy:
                     pass
 
 
-def test_training_goes_on_while_mlflow_is_unreachable_and_logs_the_gap_afterwards(ray_session, mlflow_server,
+def ray_session_logs(ray) -> Path:
+    """The log folder of the tests' Ray instance (/tmp/ray/session_latest may be another Ray's, started since)."""
+    return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+
+
+def test_training_goes_on_while_mlflow_is_unreachable_and_logs_the_gap_afterwards(ray_session, mlflow_auth_server,
                                                                                      tmp_path, capfd):
-    proxy = SwitchableProxy(int(mlflow_server.uri.rsplit(":", 1)[1]))
+    """Against a server with logins, the password in the tracking URI only: MLflow's errors during the outage
+    name the URI, and the password shows in none of them, nor in any file, param, tag or artifact."""
+    proxy = SwitchableProxy(int(mlflow_auth_server.uri.rsplit(":", 1)[1]))
+    password = mlflow_auth_server.password
     uri = f"http://127.0.0.1:{proxy.port}"
     cfg = small_config(tmp_path, "train.max_steps=200", "train.epochs=100", "train.val_interval=50",
                        "train.log_every=5", "train.average_last=1", "tracking.register=false",
-                       "tracking.experiment=outage", tracking_uri=uri)
-    client = MlflowClient(mlflow_server.uri)  # the test itself reads past the proxy
+                       "tracking.experiment=outage", tracking_uri=uri.replace("http://", f"http://trainer:{password}@"))
+    # The test itself reads past the proxy, with the login in its own client's URI.
+    client = MlflowClient(mlflow_auth_server.uri.replace("http://", f"http://trainer:{password}@"))
     outage: dict[str, float] = {}
 
     def cut_mlflow_for_a_while() -> None:
@@ -101,12 +111,13 @@ def test_training_goes_on_while_mlflow_is_unreachable_and_logs_the_gap_afterward
 
     cutter = threading.Thread(target=cut_mlflow_for_a_while, daemon=True)
     cutter.start()
-    try:
-        outcome = train(cfg)
+    try:  # no login in the environment: the driver takes it from the URI and gives it to Ray Train's controller
+        with environment(MLFLOW_TRACKING_USERNAME=None, MLFLOW_TRACKING_PASSWORD=None, MLFLOW_TRACKING_TOKEN=None):
+            outcome = train(cfg)
     finally:
         cutter.join(timeout=60)
         proxy.close()
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     assert outage.get("end") and proxy.refused > 0, "the outage never hit the run"
     assert "cannot log metrics to " + uri in err and "answers again" in err, err[-3000:]
     run = client.get_run(outcome.run_id)
@@ -115,6 +126,10 @@ def test_training_goes_on_while_mlflow_is_unreachable_and_logs_the_gap_afterward
     steps = sorted({m.step for m in client.get_metric_history(outcome.run_id, "train_loss")})
     assert steps == list(range(5, 201, 5)), steps
     assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "val_bleu"))[-1] == 200
+    artifacts = client.download_artifacts(outcome.run_id, "", str(tmp_path / "artifacts"))
+    texts = {"stdout": out, "stderr": err, "params": repr(run.data.params), "tags": repr(run.data.tags)}
+    found = leaks([password], texts, [artifacts, outcome.storage_path, ray_session_logs(ray_session)])
+    assert not found, found
 
 
 def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path):
@@ -131,7 +146,6 @@ def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path
 def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_auth_server, tmp_path):
     """Against a server that checks logins: the password in the URI and in MLflow's variables is echoed nowhere."""
     import os
-    from pathlib import Path
 
     password, token = mlflow_auth_server.password, "tok-9f8e7d6c5b4a"
     uri = mlflow_auth_server.uri.replace("http://", f"http://trainer:{password}@")
@@ -158,7 +172,7 @@ def test_no_secret_reaches_output_logs_params_or_artifacts(ray_session, mlflow_a
     texts = {"stdout": result.stdout, "stderr": result.stderr, "params": repr(run.data.params),
              "tags": repr(run.data.tags)}
     # Every artifact and every log file of Ray's session
-    found = leaks([password, token], texts, [artifacts, Path("/tmp/ray/session_latest/logs")])
+    found = leaks([password, token], texts, [artifacts, ray_session_logs(ray_session)])
     assert not found, found
     logged = {path.name for path in Path(artifacts).rglob("*")}
     assert {"secret.yaml", "config.resolved.yaml"} <= logged  # both configs were logged, redacted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -101,6 +102,9 @@ BAD = [
     pytest.param({"texts": ["hi"], "beam_size": "x"}, 400, "beam_size", id="beam-x"),
     pytest.param({"texts": ["hi"], "beam_size": True}, 400, "beam_size", id="beam-bool"),
     pytest.param({"texts": ["hi"], "beam_size": 1000}, 400, "beam_size", id="beam-huge"),
+    pytest.param(b'{"texts": ["ok", "a \\ud800 b"]}', 400, '"texts"[1] is not valid Unicode', id="lone-surrogate"),
+    pytest.param(b'{"texts": [' + b"[" * 5_000 + b"]" * 5_000 + b"]}", 400, "nested too deeply", id="deep-nesting"),
+    pytest.param(b'{"texts": ["' + b"x" * 20_000 + b'"]}', 413, "too large", id="body-too-large"),
 ]
 
 
@@ -109,6 +113,83 @@ def test_bad_request_gets_4xx_with_json_error(service, payload, status, message)
     got, body = _translate(service, payload)
     assert got == status, body
     assert isinstance(body, dict) and message in body["error"]
+
+
+def _send_headers(port: int, headers: dict[str, str]) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.putrequest("POST", f"{PREFIX}/translate")
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    conn.endheaders()
+    return conn
+
+
+def test_a_huge_body_is_refused_before_it_is_read(service):
+    """A declared 10 GB is refused from its Content-Length; an undeclared (chunked) one once it passes the limit."""
+    conn = _send_headers(service, {"Content-Type": "application/json", "Content-Length": str(10 * 2**30)})
+    try:  # nothing of the body is sent: the answer cannot wait for it
+        response = conn.getresponse()
+        assert response.status == 413 and "too large" in json.loads(response.read())["error"]
+    finally:
+        conn.close()
+    conn = _send_headers(service, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    try:
+        chunk = b"x" * 65536
+        with contextlib.suppress(OSError):  # the server may close the connection while we still send
+            for _ in range(64):  # 4 MiB, against a limit of some 10 kB; far less is read before the answer
+                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        response = conn.getresponse()
+        assert response.status == 413 and "too large" in json.loads(response.read())["error"]
+    finally:
+        conn.close()
+    assert _translate(service, {"texts": ["the cat ."]})[0] == 200
+
+
+def test_good_requests_beside_bad_ones_get_their_own_translations(service):
+    """Good and bad requests at once, batched together: each good one gets 200 and the translation it gets alone."""
+    good = [{"texts": [text], "beam_size": 2} for text in SENTENCES * 3]
+    expected = [_translate(service, payload)[1]["translations"] for payload in good[:2]]
+    bad = [b'{"texts": ["\\ud83d"], "beam_size": 2}', b'{"texts": ["nul \\u0000 byte"], "beam_size": 2}',
+           b'{"texts": [' + b"[" * 5_000 + b"]" * 5_000 + b"]}", b'{"texts": ["' + b"y" * 300 + b'"]}']
+    answers: dict[int, tuple[int, object]] = {}
+
+    def client(i: int, body: bytes) -> None:
+        answers[i] = post(service, "POST", f"{PREFIX}/translate", body)
+
+    bodies = [json.dumps(payload).encode() for payload in good] + bad
+    threads = [threading.Thread(target=client, args=(i, body)) for i, body in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    for i in range(len(good)):
+        status, body = answers[i]
+        if status == 503:  # refused at the door (2 ongoing + 2 queued): not an answer to compare
+            continue
+        assert status == 200 and body["translations"] == expected[i % 2], (i, status, body)
+    statuses = [answers[len(good) + k][0] for k in range(len(bad))]
+    assert statuses[0] in (400, 503) and statuses[2] in (400, 503) and statuses[3] in (413, 503), statuses
+    assert statuses[1] in (200, 503), answers[len(good) + 1]  # NUL is a character like any other
+    assert sum(answers[i][0] == 200 for i in range(len(good))) >= 2
+
+
+def test_a_sentence_that_fails_the_model_fails_only_its_own_request(champion):
+    """What a replica does with one batch: when the model call fails, each sentence alone, so only one fails."""
+    import asyncio
+
+    from pipeline.serve.commands import load_engine
+    from pipeline.serve.service import translate_apart
+
+    _, engine = load_engine(champion.uri, f"models:/{champion.model_name}/{champion.version}", "pytorch", "cpu", "")
+
+    def failing_on_one_sentence(texts, beam):  # a fault where the model is called
+        if "boom" in texts:
+            raise ValueError("a source of 2000 tokens is longer than the model's 1024 positions")
+        return engine(texts, beam)
+
+    *good, bad = asyncio.run(translate_apart(failing_on_one_sentence, [*SENTENCES, "boom"], 2))
+    assert good == engine(SENTENCES, 2) and isinstance(bad, ValueError)
+    assert asyncio.run(translate_apart(failing_on_one_sentence, SENTENCES, 2)) == good
 
 
 def test_wrong_route_or_method_is_json_4xx_and_replica_survives(service):
@@ -203,6 +284,7 @@ def test_sustained_load_keeps_latency_bounded_refuses_overflow_and_memory_flat(s
     assert growth_mib < 64, [r // 2**20 for r in rss]
 
 
+CHARACTERS = st.characters(codec=None, exclude_categories=())  # every code point: lone surrogates and NUL too
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
@@ -211,7 +293,7 @@ REQUESTS = st.one_of(
     JSON.map(lambda value: json.dumps(value).encode()),  # any JSON
     st.fixed_dictionaries({"texts": JSON}, optional={"beam_size": JSON}).map(lambda d: json.dumps(d).encode()),
     # nearly right: real text (lone surrogates, control characters, emoji), odd beams, limits crossed
-    st.fixed_dictionaries({"texts": st.lists(st.text(max_size=230), max_size=6)},
+    st.fixed_dictionaries({"texts": st.lists(st.text(CHARACTERS, max_size=230), max_size=6)},
                           optional={"beam_size": st.integers(-3, 20)}).map(lambda d: json.dumps(d).encode()),
 )
 

@@ -1,12 +1,15 @@
 """MetricLogger: progress values carried by a report land at their own steps and times; the last report waits.
-Runs carry MLflow's standard tags, and their data as dataset inputs."""
+Runs carry MLflow's standard tags, and their data as dataset inputs. A tracking URI's login is moved into
+MLflow's variables and hidden wherever a URI is shown."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
-from conftest import free_port
+import pytest
+from conftest import environment, free_port
 from mlflow.tracking import MlflowClient
 
 from pipeline.track import tracking
@@ -93,3 +96,72 @@ def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_p
     (elsewhere / "note.txt").write_text("hello")
     tracking.log_artifacts(uri, run_id, [elsewhere / "note.txt"])
     assert list((store / "mlruns").rglob("note.txt")) and not (elsewhere / "mlruns").exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("http://alice:s3cret@host:5000/x", "http://alice:***@host:5000/x"),
+    ("https://tok_123@host/path", "https://***@host/path"),
+    ("http://a:p@ss@host:5000/x", "http://a:***@host:5000/x"),
+    ("http://a:p%40ss@host", "http://a:***@host"),
+    ("http://a:p:ss@host", "http://a:***@host"),
+    ("API request to http://u:pw@h1/api failed; retried https://tok@h2:443/api",
+     "API request to http://u:***@h1/api failed; retried https://***@h2:443/api"),
+    ("tracking_uri: 'http://alice:s3cret@host'\n", "tracking_uri: 'http://alice:***@host'\n"),
+    ("no URI here: 5 steps, loss 1.2", "no URI here: 5 steps, loss 1.2"),
+    ("ask alice@example.com about http://host:5000 or bob@example.org",
+     "ask alice@example.com about http://host:5000 or bob@example.org"),
+    ("http://host/?owner=alice@example.com", "http://host/?owner=alice@example.com"),
+    ('{"uri":"http://host","owner":"alice@example.com"}', '{"uri":"http://host","owner":"alice@example.com"}'),
+])
+def test_redact_hides_every_uris_login_and_nothing_else(text, expected):
+    assert tracking.redact(text) == expected
+    assert tracking.redact(expected) == expected  # redacting twice changes nothing
+
+
+@pytest.mark.parametrize(("uri", "stripped", "login"), [
+    ("http://alice:s3cr%40t@mlflow:5000/x", "http://mlflow:5000/x",
+     {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "s3cr@t"}),
+    ("http://a:p@ss@host:5000", "http://host:5000",
+     {"MLFLOW_TRACKING_USERNAME": "a", "MLFLOW_TRACKING_PASSWORD": "p@ss"}),
+    ("https://tok_123@host/path", "https://host/path", {"MLFLOW_TRACKING_TOKEN": "tok_123"}),
+    ("http://host:5000", "http://host:5000", {}),
+    ("sqlite:///tmp/mlflow.db", "sqlite:///tmp/mlflow.db", {}),
+])
+def test_split_credentials_takes_the_login_out_of_a_uri(uri, stripped, login):
+    assert tracking.split_credentials(uri) == (stripped, login)
+
+
+def test_resolving_moves_the_uris_login_into_mlflows_variables():
+    # An older login left in the environment: MLflow would use it instead of the URI's token.
+    older = {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": "older", "MLFLOW_TRACKING_TOKEN": None}
+    with environment(**older, MLFLOW_TRACKING_URI=None):
+        assert tracking.resolve_tracking_uri("https://tok_123@host/mlflow") == "https://host/mlflow"
+        assert tracking.credentials() == {"MLFLOW_TRACKING_TOKEN": "tok_123"}
+        assert tracking.resolve_tracking_uri("http://alice:p@ss@host:5000") == "http://host:5000"
+        assert tracking.credentials() == {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "p@ss"}
+        assert tracking.resolve_tracking_uri("http://host:5000") == "http://host:5000"  # no login: the variables stay
+        assert tracking.credentials()["MLFLOW_TRACKING_PASSWORD"] == "p@ss"
+        # From MLFLOW_TRACKING_URI: the variable loses the login too, so processes started from here never see it.
+        os.environ["MLFLOW_TRACKING_URI"] = "http://carol:c4rol@host/mlflow"
+        assert tracking.resolve_tracking_uri() == "http://host/mlflow" == os.environ["MLFLOW_TRACKING_URI"]
+        assert tracking.credentials() == {"MLFLOW_TRACKING_USERNAME": "carol", "MLFLOW_TRACKING_PASSWORD": "c4rol"}
+
+
+def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, caplog, monkeypatch):
+    import types
+
+    from pipeline.config import load_config
+    from pipeline.train.driver import build_trainer
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with caplog.at_level(logging.WARNING, logger="pipeline"):  # MLflow's message names the URL it asked
+        tracking.MetricLogger(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32).log({"step": 5, "loss": 1.0})
+    assert "cannot log metrics to http://alice:***@127.0.0.1" in caplog.text and "s3cret" not in caplog.text
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"})
+    tracking.end_run(uri, run_id, tags={"note": "from http://alice:s3cret@host"})
+    tags = MlflowClient(uri).get_run(run_id).data.tags
+    assert tags["init_from"] == "https://***@host/ckpt" and tags["note"] == "from http://alice:***@host"
+    cfg = load_config("configs/demo.yaml", ["tracking.tracking_uri=http://alice:s3cret@host:5000"])
+    trainer = build_trainer(cfg, types.SimpleNamespace(path=str(tmp_path)), "run-a", str(tmp_path / "runs"))
+    assert trainer.train_loop_config["config"]["tracking"]["tracking_uri"] == "http://alice:***@host:5000"

@@ -27,7 +27,7 @@ import yaml
 
 from ..common import log, storage
 from ..common.errors import UserError
-from ..track.tracking import resolve_tracking_uri, split_credentials
+from ..track.tracking import configured_tracking_uri, split_credentials
 from . import job_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -380,7 +380,7 @@ def _value_of(args: list[str], flag: str) -> str | None:
 
 def _tracking_uri(configured: str) -> str:
     """The store the job should log to: as `nmt` would resolve it here, with a relative SQLite path made absolute."""
-    uri = resolve_tracking_uri(configured)
+    uri = configured_tracking_uri(configured)  # its login still in it: plan() forwards it apart
     if "://" not in uri:  # a bare directory: MLflow's file store
         uri = str(Path(uri).resolve())
     return uri

@@ -43,14 +43,8 @@ def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str
         if engine == "ctranslate2":
             raise UserError(f"{model_uri} has no CTranslate2 export: run `nmt export --model {model_uri}` first "
                             "(it needs a registered model version: models:/NAME/VERSION or models:/NAME@ALIAS)")
-    model = registry.load(uri, model_uri, device=device)
-
-    def predict(texts: list[str], beam: int) -> list[str]:
-        import pandas as pd
-
-        return model.predict(pd.DataFrame({"src": texts}), params={"beam_size": beam})["translation"].tolist()
-
-    return "pytorch", predict
+    translator = registry.load_translator(uri, model_uri, device=device)
+    return "pytorch", lambda texts, beam: translator.translate(texts, beam_size=beam)
 
 
 def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tuple[Path, Any]:
@@ -59,7 +53,7 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
 
     uri = tracking.connect(tracking_uri)
     version = registry.model_version(uri, model_uri)
-    translator = registry.load(uri, model_uri, device="cpu").unwrap_python_model().translator
+    translator = registry.load_translator(uri, model_uri, device="cpu")
     directory = export_ct2(translator, out, quantization)
     if version is not None:
         registry.log_ctranslate2(uri, version, directory, quantization)

@@ -49,14 +49,34 @@ async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
     return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
 
 
+def body_limit(max_texts: int, max_chars: int) -> int:
+    """The largest /translate body worth parsing: every text at its longest, each character escaped."""
+    return max_texts * (max_chars + 8) * 12 + 4096  # \ud83d\ude00: 12 bytes of JSON for one character
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused with 413 from its Content-Length, or as it arrives, once it passes limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, f"request body of {int(declared)} bytes is too large; at most {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():  # a chunked body has no Content-Length: count what arrives
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"request body is too large; at most {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str], int]:
     """(texts, beam_size) of a /translate body, or BadRequest saying what is wrong with it."""
-    if len(body) > max_texts * (max_chars + 8) * 12 + 4096:  # \ud83d\ude00: 12 bytes of JSON for one character
+    if len(body) > body_limit(max_texts, max_chars):
         raise BadRequest(413, f"request body of {len(body)} bytes is too large")
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise BadRequest(400, f"request body is not valid JSON: {err}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # RecursionError: nesting thousands deep
+        reason = err if not isinstance(err, RecursionError) else "nested too deeply"
+        raise BadRequest(400, f"request body is not valid JSON: {reason}") from None
     if not isinstance(payload, dict):
         raise BadRequest(400, 'request body must be a JSON object like {"texts": ["..."], "beam_size": 4}')
     unknown = sorted(set(payload) - set(FIELDS))
@@ -72,14 +92,23 @@ def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str
     if len(texts) > max_texts:
         raise BadRequest(413, f'"texts" has {len(texts)} items; at most {max_texts} per request')
     for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise BadRequest(400, f'"texts"[{i}] must be a string, got {type(text).__name__}')
-        if len(text) > max_chars:
-            raise BadRequest(413, f'"texts"[{i}] has {len(text)} characters; at most {max_chars}')
+        _check_text(i, text, max_chars)
     beam_size = payload.get("beam_size", DEFAULT_BEAM_SIZE)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
         raise BadRequest(400, f'"beam_size" must be an integer from 1 to {MAX_BEAM_SIZE}, got {beam_size!r}')
     return texts, beam_size
+
+
+def _check_text(i: int, text: Any, max_chars: int) -> None:
+    if not isinstance(text, str):
+        raise BadRequest(400, f'"texts"[{i}] must be a string, got {type(text).__name__}')
+    if len(text) > max_chars:
+        raise BadRequest(413, f'"texts"[{i}] has {len(text)} characters; at most {max_chars}')
+    try:
+        text.encode("utf-8")  # JSON's \ud800 escape decodes to a lone surrogate, which no tokenizer takes
+    except UnicodeEncodeError as err:
+        raise BadRequest(400, f'"texts"[{i}] is not valid Unicode text: a lone surrogate '
+                              f'(\\u{ord(text[err.start]):04x}) at character {err.start}') from None
 
 
 def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
@@ -95,6 +124,28 @@ def resolve_model(tracking_uri: str, model_uri: str) -> tuple[str, str]:
     return model_uri, model_uri
 
 
+async def translate_apart(engine, texts: list[str], beam_size: int) -> list[str | Exception]:
+    """One engine call for all texts; if it fails, one call per text, so that each failure is only its own.
+
+    Errors are returned, not raised: @serve.batch would raise one for every request of the batch. The
+    calls run in a thread: decoding holds the event loop otherwise, and /healthz and new requests wait.
+    """
+    def predict(group: list[str]) -> list[str]:
+        return [str(t) for t in engine(group, beam_size)]
+
+    try:
+        return await asyncio.to_thread(predict, texts)
+    except Exception:
+        pass
+    out: list[str | Exception] = []
+    for text in texts:
+        try:
+            out.append((await asyncio.to_thread(predict, [text]))[0])
+        except Exception as err:
+            out.append(err)
+    return out
+
+
 @serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64)
 @serve.ingress(api)
 class TranslationService:
@@ -103,11 +154,14 @@ class TranslationService:
 
     def __init__(self, model_uri: str, version: str, tracking_uri: str, max_batch_size: int,
                  batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float,
-                 engine: str = "auto"):
+                 engine: str = "auto", credentials: dict[str, str] | None = None):
         import tempfile
 
         from .commands import load_engine
 
+        # The driver's MLflow login travels as an argument (pickled to the replica), never in the URI or
+        # in a runtime_env, which the dashboard shows.
+        tracking.use_credentials(credentials or {})
         self.model_uri, self.version, self.tracking_uri = model_uri, version, tracking_uri
         self.max_texts, self.max_chars, self.request_timeout_s = max_texts, max_chars, request_timeout_s
         # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU. A CTranslate2 model is
@@ -128,37 +182,44 @@ class TranslationService:
     async def translate(self, request: Request) -> JSONResponse:
         """{"texts": [...], "beam_size": 4} -> {"translations": [...], "model_version": "..."}."""
         try:
-            texts, beam_size = parse_request(await request.body(), self.max_texts, self.max_chars)
+            body = await read_body(request, body_limit(self.max_texts, self.max_chars))
+            texts, beam_size = parse_request(body, self.max_texts, self.max_chars)
         except BadRequest as err:
             return JSONResponse({"error": err.message}, status_code=err.status)
         try:
-            translations = await asyncio.wait_for(
+            # On timeout wait_for cancels this request's sentences: those still queued never reach the model.
+            results = await asyncio.wait_for(
                 asyncio.gather(*(self._translate_one((text, beam_size)) for text in texts)), self.request_timeout_s)
         except asyncio.TimeoutError:
             return JSONResponse({"error": f"no translation within {self.request_timeout_s:g}s; the service is "
                                           f"overloaded, retry later"}, status_code=504, headers={"Retry-After": "1"})
-        except Exception as err:  # a bug, not the client's fault; still JSON, and the replica goes on
-            logging.getLogger("ray.serve").exception("translation failed")
-            return JSONResponse({"error": f"translation failed: {type(err).__name__}: {err}"}, status_code=500)
-        return JSONResponse({"translations": translations, "model_version": self.version})
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+        if failed:
+            i, err = failed[0]
+            if isinstance(err, ValueError):  # the model cannot take this input (e.g. longer than its positions)
+                return JSONResponse({"error": f'"texts"[{i}] cannot be translated: {err}'}, status_code=422)
+            logging.getLogger("ray.serve").error(f"translation failed: {type(err).__name__}: {err}")
+            return JSONResponse({"error": f'translation of "texts"[{i}] failed: {type(err).__name__}: {err}'},
+                                status_code=500)
+        return JSONResponse({"translations": results, "model_version": self.version})
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)
-    async def _translate_one(self, items: list[tuple[str, int]]) -> list[str]:
-        """Sentences from any requests, one model call per beam size (the decoder batches them)."""
+    async def _translate_one(self, items: list[tuple[str, int]]) -> list[str | Exception]:
+        """Sentences from any requests, one model call per beam size (the decoder batches them).
+
+        Each sentence gets its translation or its own error: a sentence that fails the model call is
+        found by translating the group's sentences one by one, so other requests never see its error.
+        """
         self.batch_sizes = [*self.batch_sizes[-999:], len(items)]
         by_beam: dict[int, list[int]] = defaultdict(list)
         for i, (_, beam_size) in enumerate(items):
             by_beam[beam_size].append(i)
-        out = [""] * len(items)
+        out: list[str | Exception] = [""] * len(items)
         for beam_size, rows in by_beam.items():
-            # In a thread: decoding holds the event loop otherwise, and /healthz and new requests would wait.
-            result = await asyncio.to_thread(self._predict, [items[i][0] for i in rows], beam_size)
+            result = await translate_apart(self._engine, [items[i][0] for i in rows], beam_size)
             for i, translation in zip(rows, result):
                 out[i] = translation
         return out
-
-    def _predict(self, texts: list[str], beam_size: int) -> list[str]:
-        return [str(t) for t in self._engine(texts, beam_size)]
 
 
 def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = ""):
@@ -182,7 +243,7 @@ def _bind(cfg: ServeConfig, tracking_uri: str, model_uri: str, version: str):
         backpressure_config={"status_code": 503, "retry_after_s": 1}, **gpus,
     )
     return deployment.bind(model_uri, version, tracking_uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
-                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s, cfg.engine)
+                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s, cfg.engine, tracking.credentials())
 
 
 def build_app(args: dict[str, Any] | None = None):

@@ -11,13 +11,16 @@ from typing import Any
 
 from ..common import log
 from ..common.errors import UserError
-from ..text.translator import Translator
+from ..text.tokenizer import JOINT_FILE, SRC_FILE
+from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
+from . import champion
+from .champion import CHAMPION
 from .tracking import redact
 
-CHAMPION = "champion"
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MODEL_CODE = PACKAGE_ROOT / "pipeline" / "serve" / "pyfunc_model.py"
+TRANSLATOR_FILES = "artifacts/translator"  # where log_model puts Translator.save()'s files inside a model
 REQUIREMENTS = ("torch", "sentencepiece", "safetensors", "mlflow", "pandas", "numpy")
 
 
@@ -48,17 +51,6 @@ def _client(uri: str):
 
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri)
-
-
-def champion_bleu(uri: str, name: str) -> tuple[str, float] | None:
-    """(version, val_bleu) of the current champion, or None when there is none."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        version = _client(uri).get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        return None
-    return version.version, float(version.tags.get("val_bleu", "-inf"))
 
 
 def log_model(uri: str, run_id: str, translator: Translator, example: str):
@@ -110,30 +102,18 @@ def register(uri: str, run_id: str, translator: Translator, name: str, val_bleu:
     tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run_id, **tags}
     version = str(client.create_model_version(name, info.model_uri, run_id=run_id, model_id=info.model_id,
                                               tags={key: str(value) for key, value in tags.items()}).version)
-    current = champion_bleu(uri, name)
-    better = current is None or val_bleu > current[1]
-    if better:
-        client.set_registered_model_alias(name, CHAMPION, version)
-    logger.info(f"registered {name} version {version} (val_bleu {val_bleu:.2f}); "
-                + ("it is the champion" if better else f"champion stays version {current[0]} ({current[1]:.2f})"))
-    return Registered(name, version, val_bleu, better, current[1] if current else None)
-
-
-def promote(uri: str, name: str, version: str) -> None:
-    """Move the champion alias to a version by hand (`nmt promote`)."""
-    from mlflow.exceptions import MlflowException
-
-    client = _client(uri)
-    try:
-        client.get_model_version(name, str(version))
-    except MlflowException:
-        raise UserError(f"registered model {name!r} has no version {version} in {redact(uri)}; "
-                        f"list versions in the MLflow UI or with `mlflow models`") from None
-    client.set_registered_model_alias(name, CHAMPION, str(version))
+    decision = champion.decide(uri, name)
+    better = decision.version == version
+    logger.info(f"registered {name} version {version} (val_bleu {val_bleu:.2f}); " + (
+        "it is the champion" if better else f"champion stays version {decision.version} ({decision.val_bleu:.2f})"))
+    return Registered(name, version, val_bleu, better, decision.previous[1] if decision.previous else None)
 
 
 def load(uri: str, model_uri: str, device: str = "auto"):
-    """A pyfunc model by URI (models:/name@alias, runs:/id/model, a path) on a device; a clear error if absent."""
+    """The packaged pyfunc by URI, for callers that want MLflow's model: it imports the model's stored code.
+
+    The pipeline itself loads with load_translator, which runs nothing from the store.
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -143,8 +123,51 @@ def load(uri: str, model_uri: str, device: str = "auto"):
             warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
             return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
     except (MlflowException, OSError) as err:
-        reason = redact(str(err).splitlines()[0][:300])
-        raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {reason}") from None
+        raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {_first_line(err)}") from None
+
+
+def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
+    """The translator of a packaged model (models:/, runs:/, a path), read from its data files alone.
+
+    Only `artifacts/translator/` is downloaded: safetensors weights, a JSON config and SentencePiece
+    models, each checked as it loads. No Python file or pickle stored with the model is imported, so a
+    model version anyone could have logged on a shared server runs no code here.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    _client(uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            repository = get_artifact_repository(model_uri, tracking_uri=uri, registry_uri=uri)
+            if not repository.list_artifacts(TRANSLATOR_FILES):
+                raise UserError(f"model {model_uri!r} has no {TRANSLATOR_FILES}/ (safetensors weights, JSON config, "
+                                f"SentencePiece): it was not packaged by `nmt train`; register one that was")
+            local = Path(repository.download_artifacts(TRANSLATOR_FILES, dst_path=tmp))
+        except (MlflowException, OSError) as err:
+            raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {_first_line(err)}") from None
+        return translator_from_files(local, model_uri, device)
+
+
+def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") -> Translator:
+    """Translator.from_files with every way its files can be wrong as one line naming the model."""
+    from safetensors import SafetensorError
+
+    missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (directory / name).is_file()]
+    if not any((directory / name).is_file() for name in (JOINT_FILE, SRC_FILE)):
+        missing.append(JOINT_FILE)
+    if missing:
+        raise UserError(f"model {model_uri!r} has no {missing[0]} in {TRANSLATOR_FILES}/: it was not packaged by "
+                        f"`nmt train`; register one that was, or pass a training checkpoint")
+    try:
+        return Translator.from_files(directory, device=device)
+    except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
+        raise UserError(f"model {model_uri!r}: its {TRANSLATOR_FILES}/ files do not make a model: "
+                        f"{_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    return redact(str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__)
 
 
 def model_version(uri: str, model_uri: str) -> Any | None:

@@ -29,35 +29,69 @@ CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", 
                         "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH",
                         "MLFLOW_TRACKING_CLIENT_CERT_PATH")
 FINAL_KEY = "final"  # True on a run's last report: metrics still held back must reach MLflow now
-_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the password of scheme://user:password@host
+LOGIN_VARIABLES = CREDENTIAL_VARIABLES[:3]  # the login itself: user and password, or a token
+# scheme://userinfo@: the userinfo runs to the last @ before the host ends (a password may hold an @).
+# It ends at whitespace or a character no URI holds (" < > \), so an e-mail address beside a URI stays.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#\"<>\\]*)@")
 
 
 def redact(text: str) -> str:
-    """text with every URI's password replaced by ***: for messages, MLflow params and logged configs."""
-    return _PASSWORD.sub(r"\1:***@", text)
+    """text with every URI's login hidden (user:***@, or ***@ for a token): for messages, params, tags, configs."""
+    return _USERINFO.sub(_hide_login, text)
+
+
+def _hide_login(match: re.Match) -> str:
+    user, colon, _ = match[2].partition(":")
+    return f"{match[1]}{user}:***@" if colon else f"{match[1]}***@"
+
+
+def redacted(tree: Any) -> Any:
+    """A config tree (dicts, lists, strings) with redact() applied to every string: what Ray may show or store."""
+    if isinstance(tree, dict):
+        return {key: redacted(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(redacted(value) for value in tree)
+    return redact(tree) if isinstance(tree, str) else tree
 
 
 def split_credentials(uri: str) -> tuple[str, dict[str, str]]:
-    """(uri without user:password@, MLflow's variables for them): what `nmt submit` sends instead of the URI."""
+    """(uri without its login, MLflow's variables for it): user:password@ is a user and password, token@ a token."""
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
         return uri, {}
     userinfo, host = parts.netloc.rsplit("@", 1)
-    user, _, password = userinfo.partition(":")
-    names = {"MLFLOW_TRACKING_USERNAME": urllib.parse.unquote(user),
-             "MLFLOW_TRACKING_PASSWORD": urllib.parse.unquote(password)}
-    return parts._replace(netloc=host).geturl(), {k: v for k, v in names.items() if v}
+    user, colon, password = userinfo.partition(":")
+    names = ({"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password} if colon
+             else {"MLFLOW_TRACKING_TOKEN": user})
+    return parts._replace(netloc=host).geturl(), {k: urllib.parse.unquote(v) for k, v in names.items() if v}
 
 
-def resolve_tracking_uri(configured: str = "") -> str:
+def configured_tracking_uri(configured: str = "") -> str:
     """tracking.tracking_uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
 
-    A relative SQLite path is made absolute: Ray actors that log metrics run elsewhere.
+    A relative SQLite path is made absolute: Ray actors that log metrics run elsewhere. A login in
+    the URI stays in it (`nmt submit` forwards it apart); commands use resolve_tracking_uri.
     """
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
-    hide_run_links(uri)
+    return uri
+
+
+def resolve_tracking_uri(configured: str = "") -> str:
+    """configured_tracking_uri() without its login, which moves into MLflow's login variables of this process.
+
+    MLflow writes the tracking URI into its error messages, and those reach logs and Tune's error
+    files; it never prints its variables. Ray actors get them through credentials().
+    """
+    uri, login = split_credentials(configured_tracking_uri(configured))
+    if login:
+        # The URI's login is the one meant: another one left in the variables would take precedence in MLflow.
+        for name in LOGIN_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update(login)
+        if not configured:  # processes started from here (a local Ray) would inherit the password in it
+            os.environ["MLFLOW_TRACKING_URI"] = uri
     return uri
 
 
@@ -68,12 +102,6 @@ def connect(configured: str = "") -> str:
     return uri
 
 
-def hide_run_links(uri: str) -> None:
-    """Stop MLflow printing "View run at <link>" when the link would carry the URI's password."""
-    if redact(uri) != uri:
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-
-
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Fail fast, before any training, when an MLflow server does not answer; create a new SQLite store."""
     if uri.startswith("sqlite:///"):
@@ -81,12 +109,12 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     if not uri.startswith(("http://", "https://")):
         return
     parts = urllib.parse.urlsplit(uri.rstrip("/"))
-    health = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], path=f"{parts.path}/health").geturl()
-    try:  # /health needs no credentials; urllib would take user:password@ for part of the host name
+    health = parts._replace(path=f"{parts.path}/health").geturl()
+    try:  # /health needs no credentials
         with urllib.request.urlopen(health, timeout=timeout_s) as response:
             healthy = response.status == 200
     except (urllib.error.URLError, OSError) as err:
-        raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({err}); start it or fix "
+        raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({redact(str(err))}); start it or fix "
                         f"MLFLOW_TRACKING_URI / tracking.tracking_uri") from None
     if not healthy:
         raise UserError(f"MLflow tracking server {redact(uri)} answered /health with an error")
@@ -200,7 +228,8 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
         run_id = existing[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return run_id
-    all_tags = {**standard_tags(source), RUN_NAME_TAG: run_name, "mlflow.runName": run_name, **tags}
+    all_tags = {**standard_tags(source), RUN_NAME_TAG: run_name, "mlflow.runName": run_name,
+                **{key: redact(value) for key, value in tags.items()}}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     adopted = None
@@ -241,6 +270,11 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
     entries = _metric_entries(metrics)
     if entries:
         MlflowClient(uri).log_batch(run_id, metrics=entries)
+
+
+def _reason(err: Exception) -> str:
+    """The start of an error's message, for a log line: redacted before it is cut, which could split a URI's login."""
+    return redact(str(err))[:200]
 
 
 class MetricLogger:
@@ -292,7 +326,7 @@ class MetricLogger:
         except Exception as err:  # any store failure: training must go on
             if self.failing_since is None:
                 self.failing_since = time.monotonic()
-                logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {str(err)[:200]}); "
+                logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {_reason(err)}); "
                                "training goes on and the metrics are kept until MLflow answers again")
             return False
         if self.failing_since is not None:
@@ -331,10 +365,9 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str
     """Mark the run finished (or FAILED / KILLED), with any last tags."""
     from mlflow.tracking import MlflowClient
 
-    hide_run_links(uri)  # also in Ray actors (trials), which do not share the driver's environment
     client = MlflowClient(uri)
     for key, value in (tags or {}).items():
-        client.set_tag(run_id, key, value)
+        client.set_tag(run_id, key, redact(value))
     client.set_terminated(run_id, status=status)
 
 
@@ -346,7 +379,7 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def credentials() -> dict[str, str]:
-    """MLflow's login variables as set here: what Ray actors (on any node) need to log to the same server."""
+    """MLflow's variables as set here (the URI's login among them: resolve_tracking_uri): what Ray actors need."""
     return {name: os.environ[name] for name in CREDENTIAL_VARIABLES if name in os.environ}
 
 

@@ -69,7 +69,9 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
         callbacks=callbacks or [],
         logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
     )
-    loop_config = {"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(), "init": init}
+    # Ray's Train state API shows train_loop_config: no login of a URI in it (workers never log to MLflow).
+    loop_config = tracking.redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
+                                     "init": init})
     return TorchTrainer(train_loop, train_loop_config=loop_config,
                         scaling_config=scaling, run_config=run_config)
 

@@ -56,10 +56,10 @@ def resolve(spec: str, uri: str) -> Parent:
 
 def _from_registry(spec: str, model_uri: str, described: str, uri: str) -> Parent:
     """A packaged model (what `nmt train` logs and registers): safetensors weights, config, tokenizer."""
-    from ..track.registry import load
+    from ..track.registry import load_translator
 
     try:
-        translator = load(uri, model_uri, device="cpu").unwrap_python_model().translator
+        translator = load_translator(uri, model_uri, device="cpu")
     except UserError as err:
         raise UserError(f"train.init_from={spec!r}: {err}") from None
     return Parent(spec, described, translator.model.cfg, translator.tokenizer,
