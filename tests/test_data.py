@@ -118,6 +118,28 @@ def test_num_shards_sets_the_files_per_split_and_the_same_inputs_write_the_same_
         assert all(second[name].equals(table) for name, table in shards.items())
 
 
+def test_force_replaces_the_data_and_shards_that_differ_from_the_manifest_are_refused(ray_session, tmp_path):
+    cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000, num_shards=2,
+                     demo_sizes={"train": 3000, "validation": 200, "test": 200})
+    first = prepare(cfg)
+    listed = first.content["splits"]["train"]["files"]
+    assert len(listed) == 2 and sum(f["rows"] for f in listed.values()) == first.content["splits"]["train"]["pairs"]
+    again = prepare(cfg, force=True)
+    assert again.content["created_s"] > first.content["created_s"]  # the new preparation, not the old one kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == [Path(again.path).name]  # nothing left beside it
+    train = Path(again.split_dir("train"))
+    shard = sorted(train.glob("*.parquet"))[0]
+    data = shard.read_bytes()
+    (train / "extra.parquet").write_bytes(data)  # e.g. left by an earlier preparation cut for more workers
+    with pytest.raises(CorpusError, match="extra.parquet is not in the manifest"):
+        prepare(cfg)
+    (train / "extra.parquet").unlink()
+    shard.write_bytes(data[: len(data) // 2])  # cut short
+    with pytest.raises(CorpusError, match=f"{shard.name} has {len(data) // 2:,} bytes"):
+        prepare(cfg)
+    assert prepare(cfg, force=True).content["splits"]["train"]["files"] == again.content["splits"]["train"]["files"]
+
+
 def _pairs(n: int) -> pa.Table:
     return pa.table({"src": pa.array(["ein satz"] * n), "tgt": pa.array(["a sentence"] * n)})
 

@@ -135,19 +135,41 @@ def temporary_sibling(path: str) -> str:
     return join(parent, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
 
 
-def publish_dir(tmp: str, final: str) -> None:
+def publish_dir(tmp: str, final: str, replace: bool = False) -> None:
     """Move a finished directory into place: an atomic rename locally.
 
-    Object stores cannot rename a prefix atomically, so there the directory is written in
-    place and readers rely on its manifest, which is written last, to know it is complete.
+    An existing final directory is kept (another process published the same content first), or
+    with replace moved aside, the new one renamed in, and the old one deleted. Object stores cannot
+    rename a prefix atomically, so there the directory is written in place and readers rely on its
+    manifest, which is written last, to know it is complete.
     """
     if is_uri(final):
         raise ValueError("publish_dir is for local paths; write URIs in place with the manifest last")
     Path(final).parent.mkdir(parents=True, exist_ok=True)
+    earlier = f"{tmp}.old"
     try:
+        if replace and os.path.exists(final):
+            os.replace(final, earlier)
         os.replace(tmp, final)
     except OSError:  # another process published the same content first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        shutil.rmtree(earlier, ignore_errors=True)
+
+
+def file_sizes(directory: str) -> dict[str, int]:
+    """{name: bytes} of the files directly in directory (none when it does not exist)."""
+    fs, inner = _resolve(directory)
+    infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
+
+
+def parquet_rows(path: str) -> int:
+    """Rows of a Parquet file, from its footer."""
+    import pyarrow.parquet as pq
+
+    fs, inner = _resolve(path)
+    return pq.read_metadata(inner, filesystem=fs).num_rows
 
 
 def remove_dir(path: str) -> None:

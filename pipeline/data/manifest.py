@@ -34,6 +34,25 @@ class Manifest:
         wanted = ["row", *(c for c in columns if c != "row")]
         return pq.read_table(self.split_dir(split), columns=wanted).sort_by("row")
 
+    def check_files(self) -> None:
+        """Every split's Parquet files as the manifest lists them (names and bytes): none missing, cut or added."""
+        for split, info in self.content["splits"].items():
+            listed = info.get("files")
+            if listed is None:  # written before the manifest listed its files
+                continue
+            found = storage.file_sizes(self.split_dir(split))
+            fix = f"prepare it again with `nmt prepare --force` (it is {self.path})"
+            for name, expected in sorted(listed.items()):
+                if name not in found:
+                    raise CorpusError(f"{self.split_dir(split)}: {name} is missing; {fix}")
+                if found[name] != expected["bytes"]:
+                    raise CorpusError(f"{self.split_dir(split)}: {name} has {found[name]:,} bytes, the manifest "
+                                      f"says {expected['bytes']:,} (cut short or rewritten); {fix}")
+            extra = sorted(set(found) - set(listed))
+            if extra:
+                raise CorpusError(f"{self.split_dir(split)}: {extra[0]} is not in the manifest (left by another "
+                                  f"preparation?); training would read its rows too; {fix}")
+
     def tokenizer(self) -> Tokenizer:
         """The SentencePiece model(s) the data was encoded with."""
         files = [storage.read_bytes(storage.join(self.path, name)) for name in self.content["tokenizer"]["files"]]
@@ -57,6 +76,16 @@ class Manifest:
         lines.append(f"  tokenizer  {tok['type']} {'joint' if tok['joint'] else 'separate'} "
                      f"vocab {tok['src_vocab_size']}/{tok['tgt_vocab_size']}  sha256 {tok['sha256'][:12]}")
         return "\n".join(lines)
+
+
+def list_files(path: str, splits: list[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """{split: {file name: {"rows", "bytes"}}} of a prepared directory's Parquet files: what the manifest lists."""
+    listing = {}
+    for split in splits:
+        directory = storage.join(path, split)
+        listing[split] = {name: {"rows": storage.parquet_rows(storage.join(directory, name)), "bytes": size}
+                          for name, size in sorted(storage.file_sizes(directory).items())}
+    return listing
 
 
 def load_manifest(path: str) -> Manifest:

@@ -22,7 +22,7 @@ from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
 from .corpus import CorpusError, check_source, source_fingerprint
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
-from .manifest import FORMAT_VERSION, MANIFEST, Manifest, load_manifest
+from .manifest import FORMAT_VERSION, MANIFEST, Manifest, list_files, load_manifest
 from .sources import TableSource, open_source, plan_blocks, tokenizer_sample
 
 logger = log.get("prepare")
@@ -54,7 +54,9 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
     given = tokenizer is not None
     if not force and storage.exists(storage.join(final, MANIFEST)):
         logger.info(f"reusing {final} (same source data and data config)")
-        return load_manifest(final)
+        manifest = load_manifest(final)
+        manifest.check_files()
+        return manifest
     started = time.perf_counter()
     from ..common.cluster import ensure_ray
 
@@ -81,6 +83,12 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
         out = storage.temporary_sibling(final)
     try:
         splits = prepare_splits(source, tokenizer, cfg, out)
+        for split, files in list_files(out, list(splits)).items():
+            rows = sum(f["rows"] for f in files.values())
+            if rows != splits[split]["pairs"]:  # a shard lost or written twice: never publish it
+                raise CorpusError(f"{storage.join(out, split)}: {rows:,} rows written, {splits[split]['pairs']:,} "
+                                  f"pairs counted; run `nmt prepare --force` again")
+            splits[split]["files"] = files
         files = [path.rsplit("/", 1)[-1] for path in save_tokenizer(tokenizer, out)]
         content = {
             "format_version": FORMAT_VERSION, "fingerprint": final.rstrip("/").rsplit("-", 1)[-1],
@@ -98,7 +106,7 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
             storage.remove_dir(out)  # nothing half-written is left behind
         raise
     if not storage.is_uri(final):
-        storage.publish_dir(out, final)
+        storage.publish_dir(out, final, replace=force)  # --force replaces; otherwise a concurrent twin's copy stays
     manifest = load_manifest(final)
     logger.info(f"done in {time.perf_counter() - started:.1f}s")
     return manifest
