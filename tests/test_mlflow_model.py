@@ -290,23 +290,30 @@ mlflow.models.set_model(Anything())
 
 def test_loading_a_model_by_uri_runs_no_code_stored_with_it(champion, tmp_path, capsys):
     """A model anyone on a shared server could log, whose code runs on import: nmt reads only its data files."""
-    import mlflow
-
     marker = tmp_path / "ran"
     code = tmp_path / "stored_code.py"
     code.write_text(STORED_CODE.replace("MARKER", repr(str(marker))))
-    mlflow.set_tracking_uri(champion.uri)
-    mlflow.set_experiment(champion.experiment)
-    with mlflow.start_run(run_name="stored-code") as run:
-        mlflow.pyfunc.log_model(name="bare", python_model=str(code))
-        mlflow.pyfunc.log_model(name="armed", python_model=str(code),
-                                artifacts={"translator": _translator_files(champion)})
+    # Logged by another process, as another user would: MLflow's fluent API (active run and experiment,
+    # kept in this process's environment) must not leak into the tests that follow.
+    log = textwrap.dedent(f"""
+        import mlflow
+        mlflow.set_experiment({champion.experiment!r})
+        with mlflow.start_run(run_name="stored-code") as run:
+            mlflow.pyfunc.log_model(name="bare", python_model={str(code)!r})
+            mlflow.pyfunc.log_model(name="armed", python_model={str(code)!r},
+                                    artifacts={{"translator": {_translator_files(champion)!r}}})
+        print(run.info.run_id)
+    """)
+    logged = subprocess.run([sys.executable, "-c", log], env=_env(champion.uri), capture_output=True, text=True,
+                            timeout=300)
+    assert logged.returncode == 0, logged.stderr[-2000:]
+    run_id = logged.stdout.strip().splitlines()[-1]
     marker.unlink(missing_ok=True)  # logging may import it; from here on nothing may
     settings = ["--set", f"tracking.tracking_uri={champion.uri}"]
-    assert main(["translate", "a dog", "--model", f"runs:/{run.info.run_id}/bare", *settings]) == 2
+    assert main(["translate", "a dog", "--model", f"runs:/{run_id}/bare", *settings]) == 2
     err = capsys.readouterr().err
     assert "has no artifacts/translator/" in err and len(err.strip().splitlines()) == 1
-    assert main(["translate", *EXAMPLES, "--beam", "1", "--model", f"runs:/{run.info.run_id}/armed", *settings]) == 0
+    assert main(["translate", *EXAMPLES, "--beam", "1", "--model", f"runs:/{run_id}/armed", *settings]) == 0
     armed = capsys.readouterr().out.splitlines()
     assert main(["translate", *EXAMPLES, "--beam", "1", *settings]) == 0  # the champion: the same files
     assert armed == capsys.readouterr().out.splitlines() and len(armed) == 2

@@ -11,7 +11,7 @@ from small import small_config
 
 from pipeline.common import checkpoint, storage
 from pipeline.data import prepare as prepare_module
-from pipeline.data.manifest import MANIFEST
+from pipeline.data.manifest import MANIFEST, load_manifest
 from pipeline.train.driver import train
 
 pytestmark = pytest.mark.slow
@@ -25,8 +25,8 @@ def _objects(uri: str) -> list[str]:
                   if info.type == pafs.FileType.File)
 
 
-def test_prepare_on_s3_writes_the_manifest_last_and_a_rerun_after_a_crash_starts_clean(ray_session, s3_bucket,
-                                                                                      tmp_path, monkeypatch):
+def test_prepare_on_s3_publishes_a_version_last_and_never_deletes_one_under_a_reader(ray_session, s3_bucket,
+                                                                                     tmp_path, monkeypatch):
     cfg = small_config(tmp_path, f"data.output_dir={s3_bucket}/prepared-{uuid.uuid4().hex[:8]}")
     final, _, _ = prepare_module.prepared_path(cfg.data)
 
@@ -37,17 +37,21 @@ def test_prepare_on_s3_writes_the_manifest_last_and_a_rerun_after_a_crash_starts
     with pytest.raises(RuntimeError, match="node died"):
         prepare_module.prepare(cfg.data)
     shards = [name for name in _objects(final) if name.endswith(".parquet")]
-    assert shards and not storage.exists(storage.join(final, MANIFEST))  # shards written, no manifest: incomplete
-    # A shard as another cluster size would have cut it, left by the crashed attempt.
-    stale = storage.join(final, "train", "part-9999999999.parquet")
-    storage.write_bytes(stale, storage.read_bytes(f"s3://{shards[-1]}"))
+    assert shards and not storage.exists(storage.join(final, MANIFEST))  # shards written, no pointer: absent
     monkeypatch.undo()
 
     manifest = prepare_module.prepare(cfg.data)
-    assert manifest.path == final and not storage.exists(stale)
+    assert manifest.path.startswith(f"{final}/v-") and manifest.name == final.rsplit("/", 1)[-1]
+    crashed = shards[0].split("/v-", 1)[1].split("/", 1)[0]
+    assert f"/v-{crashed}/" not in manifest.path + "/"  # the crashed attempt is never pointed to
     pairs = manifest.content["splits"]["train"]["pairs"]
     assert ds.dataset(manifest.split_dir("train"), format="parquet").count_rows() == pairs > 2000
     assert prepare_module.prepare(cfg.data).content["created_s"] == manifest.content["created_s"]  # reused
+    # --force while a run reads the published version: a new version is published, the old one stays whole.
+    newer = prepare_module.prepare(cfg.data, force=True)
+    assert newer.path != manifest.path and load_manifest(final).path == newer.path
+    assert ds.dataset(manifest.split_dir("train"), format="parquet").count_rows() == pairs
+    manifest.check_files()
 
 
 def _checkpoints(uri: str) -> set[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ def rng_file(rank: int) -> str:
 def _atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
+    storage.durable_replace(tmp, path)
 
 
 def rng_state() -> dict[str, Any]:

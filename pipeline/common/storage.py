@@ -9,6 +9,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import socket
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -116,8 +118,24 @@ def write_bytes(path: str, data: bytes) -> None:
     target = Path(path.removeprefix("file://"))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    durable_replace(tmp, target)
+
+
+def durable_replace(tmp: str | Path, target: str | Path) -> None:
+    """os.replace that survives a power cut: the file's bytes on disk first, then the rename in its directory.
+
+    Without the first fsync a crash can leave the new name pointing at an empty or partial file.
+    """
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
     os.replace(tmp, target)
+    directory = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def write_table(path: str, table) -> None:
@@ -130,9 +148,51 @@ def write_table(path: str, table) -> None:
 
 
 def temporary_sibling(path: str) -> str:
-    """A fresh path next to path, for writing a directory before publishing it under its real name."""
+    """A fresh path next to path, for writing a directory before publishing it under its real name.
+
+    Its name holds this host and process, so that a later call removes what a killed process left.
+    """
     parent, name = os.path.split(str(path).rstrip("/"))
-    return join(parent, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+    remove_stale(parent, f".tmp-{name}-")
+    return join(parent, f".tmp-{name}-{owner()}-{uuid.uuid4().hex[:8]}")
+
+
+def owner() -> str:
+    """This host and process, as temporary names hold them."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale(directory: str, prefix: str) -> None:
+    """Remove local directories named prefix + owner() + ... whose process, on this host, is gone."""
+    host = socket.gethostname()
+    if is_uri(directory) or not os.path.isdir(directory):
+        return
+    for entry in os.scandir(directory):
+        owner = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
+        if owner.startswith(f"{host}-") and not _alive(owner[len(host) + 1:].split("-", 1)[0]):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return True  # not a name this code wrote: leave it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def staging_dir(prefix: str) -> str:
+    """A fresh local temporary directory named for this process; those of gone processes are removed first.
+
+    A worker killed while reporting leaves its staged checkpoint (a model and optimizer copy) behind.
+    """
+    root = tempfile.gettempdir()
+    remove_stale(root, prefix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{owner()}-", dir=root)
 
 
 def publish_dir(tmp: str, final: str, replace: bool = False) -> None:

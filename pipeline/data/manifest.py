@@ -11,6 +11,7 @@ from ..text.tokenizer import Tokenizer
 from .corpus import CorpusError
 
 MANIFEST = "manifest.json"
+VERSION_PREFIX = "v-"  # on object storage, each preparation's files sit under a version prefix of their own
 FORMAT_VERSION = 2  # bump when the layout of prepared data changes
 
 
@@ -59,6 +60,12 @@ class Manifest:
         return Tokenizer(*files)
 
     @property
+    def name(self) -> str:
+        """The dataset's directory name under data.output_dir: source, languages and fingerprint."""
+        c = self.content
+        return f"{c['source']}-{c['src_lang']}-{c['tgt_lang']}-{c['fingerprint']}"
+
+    @property
     def sha256(self) -> str:
         """The dataset's identity: the hash its directory is named after."""
         return self.content["fingerprint"]
@@ -93,4 +100,7 @@ def load_manifest(path: str) -> Manifest:
     manifest_path = storage.join(path, MANIFEST)
     if not storage.exists(manifest_path):
         raise CorpusError(f"{path}: not a prepared dataset (no {MANIFEST}); run `nmt prepare` first")
-    return Manifest(path, json.loads(storage.read_bytes(manifest_path)))
+    content = json.loads(storage.read_bytes(manifest_path))
+    if "version" in content:  # a pointer (object storage): the version it names is the dataset, for good
+        return load_manifest(storage.join(path, content["version"]))
+    return Manifest(path, content)

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,7 @@ from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
 from .corpus import CorpusError, check_source, source_fingerprint
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
-from .manifest import FORMAT_VERSION, MANIFEST, Manifest, list_files, load_manifest
+from .manifest import FORMAT_VERSION, MANIFEST, VERSION_PREFIX, Manifest, list_files, load_manifest
 from .sources import TableSource, open_source, plan_blocks, tokenizer_sample
 
 logger = log.get("prepare")
@@ -74,11 +75,11 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
                 f"{' from the parent model' if given else ''}")
 
     if storage.is_uri(final):
-        # Written in place (object stores cannot rename a prefix) with the manifest last. Files of an
-        # earlier attempt that crashed are deleted first: one cut into other blocks (another cluster
-        # size) would not be overwritten, and its rows would be read twice.
-        out = final
-        storage.remove_dir(out)
+        # Object stores cannot rename a prefix: each preparation writes a version prefix of its own, and
+        # the pointer written last (final/manifest.json) publishes it. Nothing is deleted: a run that
+        # loaded the previous version goes on reading it, and an attempt that crashed is never pointed to.
+        out = storage.join(final, f"{VERSION_PREFIX}{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-"
+                                  f"{uuid.uuid4().hex[:8]}")
     else:
         out = storage.temporary_sibling(final)
     try:
@@ -105,7 +106,11 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
         if not storage.is_uri(final):
             storage.remove_dir(out)  # nothing half-written is left behind
         raise
-    if not storage.is_uri(final):
+    if storage.is_uri(final):
+        pointer = {"format_version": FORMAT_VERSION, "fingerprint": content["fingerprint"],
+                   "version": out.rsplit("/", 1)[-1], "created_s": content["created_s"]}
+        storage.write_bytes(storage.join(final, MANIFEST), json.dumps(pointer, indent=2).encode())
+    else:
         storage.publish_dir(out, final, replace=force)  # --force replaces; otherwise a concurrent twin's copy stays
     manifest = load_manifest(final)
     logger.info(f"done in {time.perf_counter() - started:.1f}s")

@@ -45,7 +45,7 @@ def log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_fi
 
 def dataset_inputs(manifest: Manifest) -> list[dict[str, Any]]:
     """The prepared data as MLflow datasets, one per split: the manifest's digest, its path, the split as context."""
-    name = manifest.path.rstrip("/").rsplit("/", 1)[-1]
+    name = manifest.name
     return [{"name": f"{name}/{split}", "digest": manifest.sha256, "source": manifest.split_dir(split),
              "context": split, "profile": {"pairs": info["pairs"], "src_tokens": info["src_tokens"],
                                            "tgt_tokens": info["tgt_tokens"]}}

@@ -12,7 +12,6 @@ import itertools
 import logging
 import math
 import random
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from model import Transformer, average_checkpoints, cooldown_factor, label_smoothed_cross_entropy, warmup_schedule
 
-from ..common import checkpoint, log
+from ..common import checkpoint, log, storage
 from ..common.errors import UserError
 from ..config import Config, config_from_dict
 from ..data.batching import equalize_batch_count, token_budget_batches
@@ -236,7 +235,7 @@ class Replica:
             self.snapshots = (self.snapshots + [{k: v.detach().to("cpu", copy=True)
                                                  for k, v in self.model.state_dict().items()}])
             self.snapshots = self.snapshots[-self.train_cfg.average_last:]
-        directory = tempfile.mkdtemp(prefix="nmt-ckpt-")
+        directory = storage.staging_dir("nmt-ckpt-")
         state = None
         if self.ctx.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..common import storage
 from ..common.devices import resolve_device
 from ..data.shard import TokenShard
 
@@ -128,16 +129,20 @@ class RayContext(WorkerContext):
             yield self._download(reported.checkpoint)
 
     def _download(self, checkpoint) -> str:
-        self._restored = tempfile.TemporaryDirectory(prefix="nmt-restore-")  # the previous one is deleted
+        storage.remove_stale(tempfile.gettempdir(), "nmt-restore-")  # what killed workers on this node left
+        # The previous one is deleted; named for this process, so that a later worker removes it if this one dies.
+        self._restored = tempfile.TemporaryDirectory(prefix=f"nmt-restore-{storage.owner()}-")
         return checkpoint.to_directory(self._restored.name)
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         import ray.train
 
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=checkpoint)
-        if checkpoint_dir:
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # uploaded to storage by now
+        try:
+            ray.train.report(metrics, checkpoint=checkpoint)
+        finally:  # uploaded to storage by now, or never will be
+            if checkpoint_dir:
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 class TorchrunContext(WorkerContext):
