@@ -6,8 +6,9 @@
   MLflow (server image, installed client); images are pinned, the project's to its version;
 - deploy/README.md's `nmt` commands parse and the files it names exist.
 
-The rest is by file: test_deploy_kuberay.py (Kubernetes and KubeRay), test_deploy_mlflow.py (the MLflow
-server), test_deploy_aws.py (the cluster launcher); deploy_files.py reads deploy/ for all of them.
+The rest is by file: test_deploy_kuberay.py (Kubernetes and KubeRay), test_deploy_kuberay_security.py
+(their lock-down), test_deploy_mlflow.py (the MLflow server), test_deploy_aws.py (the cluster launcher);
+deploy_files.py reads deploy/ for all of them.
 """
 
 from __future__ import annotations
