@@ -19,7 +19,7 @@ from typing import Any
 
 from ..common import log
 from ..common.errors import UserError
-from .tracking import redact
+from .tracking import error_line, redact
 
 CHAMPION = "champion"
 DECISION_TAG = "champion_decision"  # on each version: "champion", "kept version N" or "promoted by hand"
@@ -62,8 +62,7 @@ def _registered_model(client, uri: str, name: str):
     except MlflowException as err:
         if err.error_code == "RESOURCE_DOES_NOT_EXIST":
             raise MissingModel(f"there is no registered model {name!r} in {redact(uri)}") from None
-        raise UserError(f"cannot read registered model {name!r} from {redact(uri)}: "
-                        f"{redact(str(err).splitlines()[0][:300])}") from None
+        raise UserError(f"cannot read registered model {name!r} from {redact(uri)}: {error_line(err)}") from None
 
 
 def _bleu(tags: dict[str, str], name: str, version: Any) -> float:

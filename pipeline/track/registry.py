@@ -15,7 +15,7 @@ from ..text.tokenizer import JOINT_FILE, SRC_FILE
 from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
 from . import champion
 from .champion import CHAMPION
-from .tracking import redact
+from .tracking import error_line, redact
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def load(uri: str, model_uri: str, device: str = "auto"):
             warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
             return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
     except (MlflowException, OSError) as err:
-        raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {_first_line(err)}") from None
+        raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
 
 
 def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
@@ -145,7 +145,7 @@ def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translato
                                 f"SentencePiece): it was not packaged by `nmt train`; register one that was")
             local = Path(repository.download_artifacts(TRANSLATOR_FILES, dst_path=tmp))
         except (MlflowException, OSError) as err:
-            raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {_first_line(err)}") from None
+            raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
         return translator_from_files(local, model_uri, device)
 
 
@@ -163,11 +163,7 @@ def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") 
         return Translator.from_files(directory, device=device)
     except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
         raise UserError(f"model {model_uri!r}: its {TRANSLATOR_FILES}/ files do not make a model: "
-                        f"{_first_line(err)}") from None
-
-
-def _first_line(err: Exception) -> str:
-    return redact(str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__)
+                        f"{error_line(err)}") from None
 
 
 def model_version(uri: str, model_uri: str) -> Any | None:

@@ -277,6 +277,12 @@ def _reason(err: Exception) -> str:
     return redact(str(err))[:200]
 
 
+def error_line(err: Exception) -> str:
+    """An error's first line for a one-line message: redacted, then cut at 300 characters; its type if empty."""
+    text = str(err).strip()
+    return redact(text.splitlines()[0])[:300] if text else type(err).__name__
+
+
 class MetricLogger:
     """Logs reports to MLflow without ever failing training: while the store is unreachable, reports
     wait in a bounded buffer (with their original timestamps) and go out once it answers again."""
