@@ -49,6 +49,9 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import ray_workers  # noqa: E402
 
+sys.path.insert(0, str(REPO_ROOT))
+from pipeline.data.manifest import load_manifest  # noqa: E402
+
 WMT14_TRAIN_PAIRS = 4_508_785
 EVAL_PAIRS = 500  # validation and test (newstest's 3,000 would take most of the run to decode on a CPU)
 # Progress lines whose first appearance times a stage (seconds since the command started).
@@ -214,7 +217,7 @@ def main(argv=None) -> None:
                                        f"data.path=s3://wmt/{name}", "--set", f"data.output_dir={out}"),
                                    log=tmp / f"prepare-{name}.log")
             figures["s3_written_mib"] = round(s3_bytes(out) / 2**20, 1)
-            manifest = json.loads(_manifest(out))
+            manifest = load_manifest(_dataset_dir(out)).content  # the published version, through the pointer
             figures["train_pairs_kept"] = manifest["splits"]["train"]["pairs"]
             figures["dropped"] = manifest["splits"]["train"]["dropped"]
             figures["vocab_size"] = manifest["tokenizer"]["src_vocab_size"]
@@ -255,13 +258,11 @@ def main(argv=None) -> None:
     print(json.dumps(result))
 
 
-def _manifest(prepared_root: str) -> str:
-    """The manifest.json text of the one preparation under a storage URI."""
-    fs, path = pafs.FileSystem.from_uri(prepared_root)
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-    (manifest,) = [i.path for i in infos if i.path.endswith("/manifest.json")]
-    with fs.open_input_stream(manifest) as stream:
-        return stream.read().decode()
+def _dataset_dir(output_dir: str) -> str:
+    """The one prepared dataset under data.output_dir (prepare names it after the corpus and settings)."""
+    fs, path = pafs.FileSystem.from_uri(output_dir)
+    (found,) = [i.path for i in fs.get_file_info(pafs.FileSelector(path)) if i.type == pafs.FileType.Directory]
+    return f"{output_dir.split('://')[0]}://{found}"
 
 
 def checkpoint_figures(runs: str, tmp: Path) -> dict:

@@ -79,12 +79,14 @@ class ModelConfig:
 class TrainConfig:
     """Ray Train scaling and the optimisation recipe of Sec. 5."""
 
-    num_workers: int = 1  # Ray Train workers (DDP ranks)
+    num_workers: int = 1  # Ray Train workers (DDP ranks); with min_workers, the most the run grows to
+    min_workers: int = 0  # elastic: start with what fits (at least this many), grow and shrink with nodes; 0: fixed
     use_gpu: bool = False  # one GPU per worker
     cpus_per_worker: int = 1  # CPUs reserved for each worker
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     max_tokens: int = 4096  # padded source + target tokens per batch per worker
-    update_freq: int = 1  # gradient accumulation
+    update_freq: int = 1  # gradient accumulation at num_workers workers
+    tokens_per_update: int = 0  # kept whatever the worker count (accumulation follows); 0: max_tokens x workers x freq
     epochs: int = 10  # passes over the training split
     max_steps: int = 0  # 0: no limit besides epochs
     time_budget_s: float = 0.0  # stop (validate, average, finish) after this much training time; 0: none
@@ -107,7 +109,27 @@ class TrainConfig:
     storage_path: str = "runs"  # Ray Train / Tune results and checkpoints: local path or storage URI
     run_name: str = ""  # "": a hash of the config; the same name resumes the run
     max_failures: int = 0  # restarts from the latest checkpoint after a worker failure
+    max_preemption_failures: int = -1  # restarts after a node is preempted (counted apart from failures); -1: no limit
+    preemption_check_s: float = 5.0  # ask this often whether a node is being preempted (then checkpoint); 0: never
+    resize_interval_s: float = 60.0  # elastic: how often Ray Train checks whether more workers fit
     resource_wait_s: float = 30.0  # how long to wait for the cluster to fit the workers
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the worker count follows the cluster (min_workers set) instead of being fixed."""
+        return 0 < self.min_workers
+
+    def fewest_workers(self) -> int:
+        """The workers a run needs to start: min_workers when elastic, else num_workers."""
+        return self.min_workers if self.elastic else self.num_workers
+
+    def worker_bundle(self) -> dict[str, float]:
+        """The resources of one training worker, as Ray schedules them."""
+        return {"CPU": self.cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
+
+    def target_tokens(self) -> int:
+        """Padded tokens an update averages over, whatever the number of workers."""
+        return self.tokens_per_update or self.max_tokens * self.num_workers * self.update_freq
 
 
 @dataclass
@@ -176,6 +198,13 @@ class Config:
         """Dotted keys ("train.warmup_steps") to values, as --set and search spaces name them."""
         return dict(_flatten(self.to_dict()))
 
+    def check(self, where: str = "<config>") -> Config:
+        """Limits that span keys; returns self."""
+        if self.train.min_workers > self.train.num_workers:
+            raise ConfigError(f"{where}: train.min_workers ({self.train.min_workers}) is above train.num_workers "
+                              f"({self.train.num_workers}), the most the run grows to; lower it or raise num_workers")
+        return self
+
     def transformer_config(self, vocab_size: int, tgt_vocab_size: int | None = None) -> TransformerConfig:
         """The model's TransformerConfig: the preset, this section's overrides and the data's vocabulary."""
         from model import TransformerConfig
@@ -213,9 +242,11 @@ POSITIVE = {
     "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
 }
 FRACTIONS = {"train.cooldown"}  # in [0, 1)
+COUNT_OR_UNLIMITED = {"train.max_preemption_failures"}  # -1 (no limit) or more
 NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
+    "train.min_workers", "train.tokens_per_update", "train.preemption_check_s", "train.resize_interval_s",
     "tune.max_concurrent_trials", "tune.grace_period", "tracking.system_metrics_s",
     "serve.batch_wait_timeout_s", "train.cooldown",
 }
@@ -237,7 +268,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         where = str(path)
         tree, lines = read_yaml(Path(path))
-    config = config_from_dict(tree, where=where, lines=lines)
+    config = config_from_dict(tree, where=where, lines=lines, check=False)  # checked once overridden
     named = bool((tree.get("tracking") or {}).get("registered_model")) if isinstance(tree, dict) else False
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -250,7 +281,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         named = named or (key.strip() == "tracking.registered_model" and bool(config.tracking.registered_model))
     if not named:  # derived from the data as overridden, not as the file had it
         config.tracking.registered_model = default_model_name(config.data)
-    return config
+    return config.check(where if not overrides else f"{where} with --set")
 
 
 def _is_text(config: Config, dotted: str) -> bool:
@@ -270,7 +301,8 @@ def default_model_name(data: DataConfig) -> str:
     return f"transformer-nmt-{corpus}-{data.src_lang}-{data.tgt_lang}"
 
 
-def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[str, int] | None = None) -> Config:
+def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[str, int] | None = None,
+                     check: bool = True) -> Config:
     """Build and check a Config from a nested dict (a YAML file, or the dict a Ray worker receives)."""
     config = Config()
     if not isinstance(tree, dict):
@@ -285,7 +317,7 @@ def config_from_dict(tree: dict[str, Any], where: str = "<dict>", lines: dict[st
             set_value(config, f"{section}.{key}", value, where=_at(where, lines, f"{section}.{key}"))
     if not config.tracking.registered_model:
         config.tracking.registered_model = default_model_name(config.data)
-    return config
+    return config.check(where) if check else config
 
 
 def set_value(config: Config, dotted: str, value: Any, where: str = "<override>") -> None:
@@ -308,6 +340,8 @@ def set_value(config: Config, dotted: str, value: Any, where: str = "<override>"
         raise ConfigError(f"{where}: {dotted} must be positive, got {value!r}")
     if dotted in NON_NEGATIVE and value < 0:
         raise ConfigError(f"{where}: {dotted} must be >= 0, got {value!r}")
+    if dotted in COUNT_OR_UNLIMITED and value < -1:
+        raise ConfigError(f"{where}: {dotted} must be -1 (no limit) or a count >= 0, got {value!r}")
     if dotted in FRACTIONS and not value < 1:
         raise ConfigError(f"{where}: {dotted} is a fraction of the run and must be below 1, got {value!r}")
     setattr(section, key, value)

@@ -119,8 +119,10 @@ def check_capacity(cfg: Config, wait_s: float) -> None:
     from ray.autoscaler.sdk import request_resources
 
     train = cfg.train
-    need_cpu, need_gpu = train.num_workers * train.cpus_per_worker, train.num_workers * int(train.use_gpu)
-    bundle = {"CPU": train.cpus_per_worker, **({"GPU": 1} if train.use_gpu else {})}
+    workers = train.fewest_workers()  # an elastic run starts with what fits, from min_workers up
+    need_cpu, need_gpu = workers * train.cpus_per_worker, workers * int(train.use_gpu)
+    bundle = train.worker_bundle()
+    count_key = "min_workers" if train.elastic else "num_workers"
     deadline = time.monotonic() + wait_s
     requested = False
     try:
@@ -133,13 +135,12 @@ def check_capacity(cfg: Config, wait_s: float) -> None:
                 return
             if time.monotonic() >= deadline:  # an autoscaler had its chance to add nodes
                 raise UserError(
-                    f"the cluster cannot fit {train.num_workers} training workers x {train.cpus_per_worker} CPU"
+                    f"the cluster cannot fit {workers} training workers x {train.cpus_per_worker} CPU"
                     f"{' + 1 GPU' if train.use_gpu else ''}: it has {total_cpu:g} CPUs, {total_gpu:g} GPUs, at most "
-                    f"{largest_cpu:g} CPUs on one node; lower train.num_workers / train.cpus_per_worker "
-                    f"or add nodes"
+                    f"{largest_cpu:g} CPUs on one node; lower train.{count_key} / train.cpus_per_worker or add nodes"
                 )
             if not requested:  # a cluster without an autoscaler ignores the request
-                request_resources(bundles=[bundle] * train.num_workers)
+                request_resources(bundles=[bundle] * train.num_workers)  # the most: an elastic run grows into it
                 requested = True
             time.sleep(1.0)
     finally:

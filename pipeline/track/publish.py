@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -54,7 +55,7 @@ def dataset_inputs(manifest: Manifest) -> list[dict[str, Any]]:
 
 def best_checkpoint(result) -> tuple[Any, dict] | None:
     """The kept checkpoint of a Ray Train result with the highest val_bleu (the averaged one if it won) that loads."""
-    scored = [(c, m) for c, m in (result.best_checkpoints or []) if "val_bleu" in m]
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if math.isfinite(m.get("val_bleu", math.nan))]
     for candidate, metrics in sorted(scored, key=lambda cm: cm[1]["val_bleu"], reverse=True):
         try:
             with candidate.as_directory() as directory:

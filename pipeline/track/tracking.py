@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import subprocess
@@ -29,6 +30,7 @@ CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", 
                         "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH",
                         "MLFLOW_TRACKING_CLIENT_CERT_PATH")
 FINAL_KEY = "final"  # True on a run's last report: metrics still held back must reach MLflow now
+NODE_KEY = "node_metrics"  # any rank's report: samples of its node's system metrics, [{time, step, name: value}]
 LOGIN_VARIABLES = CREDENTIAL_VARIABLES[:3]  # the login itself: user and password, or a token
 # scheme://userinfo@: the userinfo runs to the last @ before the host ends (a password may hold an @).
 # It ends at whitespace or a character no URI holds (" < > \), so an e-mail address beside a URI stays.
@@ -258,9 +260,27 @@ def _metric_entries(report: dict[str, Any]) -> list:
     import mlflow
 
     now = time.time()
+    # NaN marks a value that does not exist (the val_bleu of a checkpoint taken on a preemption notice).
     return [mlflow.entities.Metric(k, float(v), int(row.get("time", now) * 1000), int(row.get("step", 0)))
             for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
-            if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)]
+
+
+def node_metric_entries(reports: list[dict[str, Any]]) -> list:
+    """The node samples (system/<node>/<metric>) that the ranks' reports carry, at their steps and times."""
+    import mlflow
+
+    return [mlflow.entities.Metric(k, float(v), int(sample["time"] * 1000), int(sample.get("step", 0)))
+            for report in reports for sample in report.get(NODE_KEY, ()) for k, v in sample.items()
+            if k not in STEP_KEYS and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def restart_tags(report: dict[str, Any]) -> dict[str, str]:
+    """A tag per restart that a report (or its earlier values) tells of: restart.<n> = why, where, how many workers."""
+    return {f"restart.{row['restarts']}": f"{row['restart_cause']} at step {row['resumed_from_step']}, "
+                                          f"{row['restart_from_workers']} -> {row['world_size']} workers"
+            for row in [*report.get(PROGRESS_KEY, ()), report] if "restart_cause" in row}
 
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
@@ -294,10 +314,11 @@ class MetricLogger:
     def __init__(self, uri: str, run_id: str):
         self.uri, self.run_id = uri, run_id
         self.pending: list = []
+        self.pending_tags: list = []
         self.dropped = 0
         self.failing_since: float | None = None
 
-    def log(self, report: dict[str, Any]) -> None:
+    def log(self, report: dict[str, Any], extra: list | None = None, tags: dict[str, str] | None = None) -> None:
         """Queue one report's metrics and send everything queued; keep what fails for the next report.
 
         The last report of a run (FINAL_KEY) retries for up to FINAL_WAIT_S: training is over, and
@@ -305,7 +326,10 @@ class MetricLogger:
         """
         import time
 
-        self.pending.extend(_metric_entries(report))
+        import mlflow
+
+        self.pending.extend([*_metric_entries(report), *(extra or [])])
+        self.pending_tags.extend(mlflow.entities.RunTag(k, v) for k, v in (tags or {}).items())
         if len(self.pending) > self.MAX_PENDING:
             self.dropped += len(self.pending) - self.MAX_PENDING
             del self.pending[: len(self.pending) - self.MAX_PENDING]
@@ -325,6 +349,9 @@ class MetricLogger:
         sent = 0
         try:
             client = MlflowClient(self.uri)
+            if self.pending_tags:
+                client.log_batch(self.run_id, tags=self.pending_tags)
+                self.pending_tags = []
             while self.pending:
                 client.log_batch(self.run_id, metrics=self.pending[: self.BATCH])
                 sent += min(self.BATCH, len(self.pending))
@@ -428,8 +455,8 @@ def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
             # not MLflow's default minutes of retries that would stall the controller.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-            if metrics:
-                self.logger.log(metrics[0])
+            if metrics:  # rank 0's report for the run's metrics; every rank's for its node's system metrics
+                self.logger.log(metrics[0], extra=node_metric_entries(metrics), tags=restart_tags(metrics[0]))
                 self._watch_system(final=bool(metrics[0].get(FINAL_KEY)))
 
     return MLflowReportCallback()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,14 +56,17 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     from .loop import train_loop
 
     train = cfg.train
+    # Elastic: Ray Train starts with what fits (at least min_workers) and resizes as nodes come and go.
     scaling = ScalingConfig(
-        num_workers=train.num_workers, use_gpu=train.use_gpu,
-        resources_per_worker={"CPU": train.cpus_per_worker, **({"GPU": 1} if train.use_gpu else {})},
-        placement_strategy=train.placement_strategy,
+        num_workers=(train.min_workers, train.num_workers) if train.elastic else train.num_workers,
+        use_gpu=train.use_gpu, resources_per_worker=train.worker_bundle(),
+        placement_strategy=train.placement_strategy, elastic_resize_monitor_interval_s=train.resize_interval_s,
     )
     run_config = RunConfig(
         name=run_name, storage_path=storage_path,
-        failure_config=FailureConfig(max_failures=train.max_failures),
+        # A preempted node is not a failure: its restarts count against a budget of their own.
+        failure_config=FailureConfig(max_failures=train.max_failures,
+                                     max_preemption_failures=train.max_preemption_failures),
         # The best K by val_bleu; Ray Train also keeps the latest one, which resume needs.
         checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                            checkpoint_score_attribute="val_bleu", checkpoint_score_order="max"),
@@ -70,8 +74,9 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
         logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
     )
     # Ray's Train state API shows train_loop_config: no login of a URI in it (workers never log to MLflow).
+    # attempt: this fit's id, so that a checkpoint tells the loop whether a resume is a new command's.
     loop_config = tracking.redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
-                                     "init": init})
+                                     "init": init, "attempt": uuid.uuid4().hex})
     return TorchTrainer(train_loop, train_loop_config=loop_config,
                         scaling_config=scaling, run_config=run_config)
 

@@ -29,8 +29,9 @@ from ..data.manifest import load_manifest
 from ..data.shard import COLUMNS, TokenShard
 from ..text.metrics import score
 from ..text.translator import translate_ids
-from ..track.tracking import FINAL_KEY, PROGRESS_KEY
-from . import parent
+from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
+from . import elastic, parent
+from .node_metrics import NodeSampler
 from .prefetch import Batch, BatchPrefetcher
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
@@ -47,6 +48,11 @@ class Progress:
     finished: bool = False
     train_seconds: float = 0.0  # wall-clock time spent training so far, across restarts
     history: list[dict] = field(default_factory=list)  # validation metrics so far
+    world_size: int = 0  # workers when saved, and their batches in this epoch: a resize rescales the position
+    batches_in_epoch: int = 0
+    restarts: int = 0  # times the run resumed from a checkpoint
+    preempted: bool = False  # saved on a preemption notice: the restart that follows is the preemption's
+    attempt: str = ""  # the command (nmt train, a trial) that saved it: a new one resuming is a rerun
 
 
 def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
@@ -61,8 +67,8 @@ def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
 class Replica:
     """One data-parallel replica: its model, optimizer and data, and the steps that change them."""
 
-    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext, init: dict | None = None):
-        self.cfg, self.ctx, self.train_cfg = cfg, ctx, cfg.train
+    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext, init: dict | None = None, attempt: str = ""):
+        self.cfg, self.ctx, self.train_cfg, self.attempt = cfg, ctx, cfg.train, attempt
         manifest = load_manifest(data_path)
         self.tokenizer = manifest.tokenizer()
         tgt_vocab = None if self.tokenizer.joint else self.tokenizer.tgt_vocab_size
@@ -77,13 +83,21 @@ class Replica:
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
         self.progress = Progress()
         self.resumed_from: int | None = None  # the step restored from, logged once to MLflow with the next line
+        self.restart: dict | None = None  # why, and from how many workers (logged with resumed_from)
         # The restored checkpoint's own report, sent again with the next one: a run killed after the
         # checkpoint was saved but before Ray Train's controller logged its report would otherwise
         # leave a gap in MLflow's history. Values logged twice are identical, and MLflow keeps one.
         self.replayed: list[dict] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
+        self.node_sampler: NodeSampler | None = None  # on each node's first worker: its system metrics
+        if ctx.local_rank == 0 and cfg.tracking.system_metrics_s > 0:
+            self.node_sampler = NodeSampler(ctx.node, cfg.tracking.system_metrics_s, lambda: self.progress.step)
         if not self._restore() and init:  # a resumed fine-tuning run continues from its own checkpoint
             self._start_from_parent(init)
+        # Micro-batches per update at this worker count: an update averages the same tokens at any size.
+        self.accumulation = elastic.accumulation(self.train_cfg.target_tokens(), self.train_cfg.max_tokens,
+                                                 ctx.world_size)
+        self.progress.attempt = attempt
         self.ddp_model = ctx.prepare_model(self.model)
         if self.train_cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
@@ -124,8 +138,13 @@ class Replica:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress(**state["progress"])
+        saved = state["progress"]
+        self.progress = Progress(**saved)
         self.resumed_from = self.progress.step
+        self.restart = {"cause": elastic.restart_cause(saved, self.ctx.world_size, self.attempt),
+                        "from_workers": saved.get("world_size") or self.ctx.world_size}
+        self.progress.restarts += 1
+        self.progress.preempted = False
         self.replayed = [*state.get("earlier", []), *([state["metrics"]] if "metrics" in state else [])]
         try:
             rng = checkpoint.load_rng(directory, self.ctx.world_rank)
@@ -137,7 +156,8 @@ class Replica:
             checkpoint.set_rng_state(rng)
         if self.ctx.is_main:
             logger.info(f"resumed from step {self.progress.step} (epoch {self.progress.epoch}, "
-                        f"batch {self.progress.batch_in_epoch})")
+                        f"batch {self.progress.batch_in_epoch}) after a {self.restart['cause']}, on "
+                        f"{self.ctx.world_size} worker(s) (was {self.restart['from_workers']})")
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
@@ -148,7 +168,7 @@ class Replica:
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """Updates the whole run will make (for the ETA and the end condition)."""
-        per_epoch = math.ceil(batches_per_epoch / self.train_cfg.update_freq)
+        per_epoch = math.ceil(batches_per_epoch / self.accumulation)
         total = per_epoch * self.train_cfg.epochs
         return min(total, self.train_cfg.max_steps) if self.train_cfg.max_steps else total
 
@@ -164,7 +184,7 @@ class Replica:
                 group["lr"] = lr * factor  # from the schedule's value, so a factor never compounds
 
     def update(self, group: list[Batch]) -> torch.Tensor:
-        """One optimizer update over update_freq micro-batches; returns this rank's [loss sum, target tokens].
+        """One optimizer update over `accumulation` micro-batches; returns this rank's [loss sum, target tokens].
 
         The sums stay on the device: the loop syncs them once per log line, not per micro-batch.
         """
@@ -244,7 +264,13 @@ class Replica:
                      "metrics": metrics, "earlier": earlier or []}
             self.tokenizer.save(directory)  # a checkpoint can be fine-tuned from on its own
         checkpoint.save(directory, self.ctx.world_rank, state)
-        self.ctx.report({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
+        self.send({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
+
+    def send(self, report: dict, directory: str | None = None) -> None:
+        """Report (a barrier on every rank), with this node's system-metric samples when this rank takes them."""
+        if self.node_sampler is not None:
+            report[NODE_KEY] = self.node_sampler.drain()
+        self.ctx.report(report, directory)
 
     def will_average(self) -> bool:
         """Whether average_and_report will report, counting the snapshot the next report() keeps."""
@@ -265,9 +291,37 @@ class Replica:
         self.report({**self.position_metrics(), **metrics, "time": time.time()}, keep_snapshot=False, final=True)
 
     def position_metrics(self) -> dict:
-        """Where training stands (step, epoch) and the learning rate: part of every report."""
-        return {"step": self.progress.step, "epoch": self.progress.epoch,
+        """Where training stands (step, epoch, workers) and the learning rate: part of every report."""
+        return {"step": self.progress.step, "epoch": self.progress.epoch, "world_size": self.ctx.world_size,
                 "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def restart_metrics(self) -> dict:
+        """Once after a resume: the step it resumed from and why (MLflow gets a tag per restart)."""
+        if self.resumed_from is None:
+            return {}
+        found = {"resumed_from_step": self.resumed_from, "restarts": self.progress.restarts,
+                 "restart_cause": self.restart["cause"], "restart_from_workers": self.restart["from_workers"]}
+        self.resumed_from = None
+        return found
+
+    def checkpoint_before_preemption(self, notice, earlier: list[dict]) -> float:
+        """A checkpoint now, at an update boundary, because a worker's node is being reclaimed; the seconds
+        left before its deadline once the checkpoint is stored (Ray Train then resumes from it)."""
+        noticed_at = time.time()
+        if self.ctx.is_main:
+            logger.warning(f"node(s) of rank(s) {notice.preempted_ranks} are being preempted (deadline in "
+                           f"{elastic.seconds_left(notice.deadline_ms, noticed_at):.0f}s): "
+                           f"checkpointing step {self.progress.step}")
+        self.progress.preempted = True
+        # val_bleu NaN: Ray Train ranks the checkpoint below every validated one; no score of it is logged.
+        self.report({**self.position_metrics(), "val_bleu": float("nan"), "time": time.time(),
+                     "preemption_warning_s": elastic.seconds_left(notice.deadline_ms, noticed_at)},
+                    earlier, keep_snapshot=False)
+        margin = elastic.seconds_left(notice.deadline_ms, noticed_at)
+        if self.ctx.is_main:
+            logger.warning(f"checkpoint of step {self.progress.step} stored {margin:.0f}s before the deadline; "
+                           "waiting for Ray Train to resume the run from it")
+        return margin
 
 
 def _eta(seconds: float) -> str:
@@ -280,12 +334,13 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     log.setup(loop_config.get("log_level", logging.INFO), process_stderr=True)  # a worker process of its own
     cfg = config_from_dict(loop_config["config"])
     ctx = ctx or RayContext()
-    replica = Replica(cfg, loop_config["data_path"], ctx, loop_config.get("init"))
+    replica = Replica(cfg, loop_config["data_path"], ctx, loop_config.get("init"), loop_config.get("attempt", ""))
     progress, train_cfg = replica.progress, cfg.train
     if ctx.is_main:
         group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
         logger.info(f"{ctx.world_size} worker(s), rank 0 on {ctx.device}, process group: {group}, "
-                    f"{len(replica.shard):,} training pairs on this rank, amp {replica.amp_dtype or 'off'}")
+                    f"{len(replica.shard):,} training pairs on this rank, {replica.accumulation} batch(es) per update, "
+                    f"amp {replica.amp_dtype or 'off'}")
     if progress.finished:
         return
     val_interval = train_cfg.val_interval
@@ -298,16 +353,20 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     earlier: list[dict] = list(replica.replayed)
     last_report = time.monotonic()
     total = end_step = None
+    notices = elastic.NoticeCadence(train_cfg.preemption_check_s, first_every=log_every)
     while not progress.finished:
         batches = replica.epoch_batches(progress.epoch)
         total = total or replica.total_steps(len(batches))
         end_step = end_step or total  # the cooldown's end; under a time budget, re-estimated as it goes
         run_start_step, run_start = progress.step, time.perf_counter()
         seconds_before = progress.train_seconds
-        position = progress.batch_in_epoch
+        # Resumed on another worker count: each rank's batches differ, so go on from the same share of the epoch.
+        position = elastic.rescaled_position(progress.batch_in_epoch, progress.batches_in_epoch, len(batches))
+        progress.batches_in_epoch, progress.world_size = len(batches), ctx.world_size
+        window_start_step = progress.step
         with replica.prefetch(batches[position:]) as stream:
             while position < len(batches) and not progress.finished:
-                group = list(itertools.islice(stream, train_cfg.update_freq))
+                group = list(itertools.islice(stream, replica.accumulation))
                 window += replica.update(group)
                 position += len(group)
                 progress.step, progress.batch_in_epoch = progress.step + 1, position
@@ -315,6 +374,12 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 end_of_epoch = position >= len(batches)
                 out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
                 progress.train_seconds = seconds_before + time.perf_counter() - run_start
+                if notices.due(progress.step) and (notice := ctx.preemption_notice()) is not None:
+                    noticed_at = time.time()
+                    replica.checkpoint_before_preemption(notice, earlier)
+                    earlier, last_report = [], time.monotonic()
+                    elastic.wait_for_restart(notice.deadline_ms, noticed_at)  # an update now would be lost
+                    progress.preempted = False  # no restart came: the node stays, and so does the run
                 progress_line = progress.step % log_every == 0
                 due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
                 report_due = False
@@ -326,6 +391,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                          int(time.monotonic() - last_report >= train_cfg.report_interval_s),
                          int(progress.train_seconds * 1000)], replica.ctx.device)
                     out_of_steps |= bool(out_of_time)
+                    notices.retune(progress.step, elapsed_ms / 1000)
                     if train_cfg.time_budget_s and elapsed_ms:  # the same estimate on every rank, or replicas drift
                         end_step = min(total, round(progress.step * train_cfg.time_budget_s * 1000 / elapsed_ms))
                 if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
@@ -337,10 +403,9 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 elapsed = time.perf_counter() - window_start
                 rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
                 metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
+                           "tokens_per_update": window_tokens / max(progress.step - window_start_step, 1),
                            "train_seconds": progress.train_seconds, **replica.position_metrics(),
-                           "time": time.time()}
-                if replica.resumed_from is not None:  # a restart shows in the run's metrics, not only in a log
-                    metrics["resumed_from_step"], replica.resumed_from = replica.resumed_from, None
+                           **replica.restart_metrics(), "time": time.time()}  # a restart shows in the metrics
                 if ctx.is_main:
                     remaining = (total - progress.step) / max(rate, 1e-9)
                     if train_cfg.time_budget_s:
@@ -358,12 +423,12 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                                     f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
                     replica.report(metrics, earlier, final=progress.finished and not replica.will_average())
                 elif report_due:
-                    ctx.report({**metrics, PROGRESS_KEY: earlier})
+                    replica.send({**metrics, PROGRESS_KEY: earlier})
                 else:
                     earlier.append(metrics)
                 if due or progress.finished or report_due:
                     earlier, last_report = [], time.monotonic()
-                window_start = time.perf_counter()  # throughput windows leave validation out
+                window_start, window_start_step = time.perf_counter(), progress.step  # windows leave validation out
         if not progress.finished and progress.batch_in_epoch >= len(batches):
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0

@@ -68,6 +68,8 @@ class WorkerContext(abc.ABC):
 
     world_rank: int = 0
     world_size: int = 1
+    local_rank: int = 0  # this worker's rank among those on its node: 0 samples the node's system metrics
+    node: str = "node-0"  # a short name of this worker's node, as metric names show it
     device: torch.device = torch.device("cpu")
 
     @property
@@ -93,6 +95,11 @@ class WorkerContext(abc.ABC):
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         """Publish metrics (and a checkpoint directory written by this rank); all ranks must call it."""
 
+    def preemption_notice(self):
+        """Ray Train's PreemptionInfo (deadline_ms, preempted ranks) once a worker's node is being drained for
+        preemption, else None; all ranks must ask at the same updates. Only Ray tells of one."""
+        return None
+
 
 class RayContext(WorkerContext):
     """Ray Train supplies the process group, the device, checkpoints and report()."""
@@ -108,6 +115,8 @@ class RayContext(WorkerContext):
         logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
         context = ray.train.get_context()
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.local_rank = context.get_local_rank()
+        self.node = f"node-{ray.get_runtime_context().get_node_id()[:8]}"  # as the Ray dashboard shows nodes
         self.device = ray.train.torch.get_device()
         self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
 
@@ -134,6 +143,11 @@ class RayContext(WorkerContext):
         self._restored = tempfile.TemporaryDirectory(prefix=f"nmt-restore-{storage.owner()}-")
         return checkpoint.to_directory(self._restored.name)
 
+    def preemption_notice(self):
+        import ray.train
+
+        return ray.train.get_preemption_info()
+
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         import ray.train
 
@@ -151,7 +165,8 @@ class TorchrunContext(WorkerContext):
     def __init__(self, checkpoint_root: str, device: str = "auto"):
         self.world_rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.node = os.environ.get("HOSTNAME") or os.uname().nodename
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", local_rank)  # one GPU per process, as torchrun starts them

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import threading
@@ -55,8 +56,10 @@ def _validation_reports():
 
     class ValidationReports(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
-            if metrics and "val_bleu" in metrics[0]:  # progress values went to MLflow; Tune needs none
-                report = {k: v for k, v in metrics[0].items() if k not in (tracking.PROGRESS_KEY, tracking.FINAL_KEY)}
+            # Validations only: progress values went to MLflow, and a preemption checkpoint's val_bleu is NaN.
+            if metrics and math.isfinite(metrics[0].get("val_bleu", math.nan)):
+                report = {k: v for k, v in metrics[0].items()
+                          if k not in (tracking.PROGRESS_KEY, tracking.FINAL_KEY, tracking.NODE_KEY)}
                 super().after_report(run_context, [report], checkpoint)
 
     return ValidationReports()

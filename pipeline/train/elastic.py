@@ -1,0 +1,73 @@
+"""A run whose worker count changes: the batch an update averages, where an epoch resumes, why a run restarted,
+and when the ranks ask Ray Train whether a node is about to be preempted.
+
+The optimisation must not notice a resize: an update averages about `train.target_tokens()` padded
+tokens whatever the worker count, so each restart recomputes the micro-batches per update; the
+learning-rate schedule counts updates and so runs on unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+
+# Why a run's workers started again from a checkpoint (a tag per restart in MLflow).
+PREEMPTION, RESIZE, FAILURE, RERUN = "preemption", "resize", "failure", "rerun"
+# How long past a preemption deadline the workers wait for Ray Train to restart them before going on.
+RESTART_WAIT_S = 120.0
+UNKNOWN_DEADLINE_S = 120.0  # Ray Train's own wait when a drain names no deadline
+
+
+def accumulation(target_tokens: int, max_tokens: int, world_size: int) -> int:
+    """Micro-batches per update on each worker so that world_size workers together average target_tokens."""
+    return max(1, round(target_tokens / (max_tokens * max(world_size, 1))))
+
+
+def rescaled_position(position: int, batches_before: int, batches_now: int) -> int:
+    """Where an epoch resumes on another worker count: the same share of it (its order on each rank differs)."""
+    if not batches_before or batches_before == batches_now:
+        return position
+    return min(batches_now, round(position * batches_now / batches_before))
+
+
+def restart_cause(saved: dict, world_size: int, attempt: str) -> str:
+    """Why a run resumes from a checkpoint whose progress is `saved`: a new command, a preemption, a resize
+    or a failure (what Ray Train restarted the workers for is not told to them, so it is read from the
+    checkpoint: a preemption checkpoint says so, and a resize changes the worker count)."""
+    if attempt and saved.get("attempt") and saved["attempt"] != attempt:
+        return RERUN
+    if saved.get("preempted"):
+        return PREEMPTION
+    if saved.get("world_size") and saved["world_size"] != world_size:
+        return RESIZE
+    return FAILURE
+
+
+class NoticeCadence:
+    """When the ranks ask about preemption: every `every` updates, so all ranks ask at the same updates (the
+    question is a barrier), with `every` re-derived from the rank-agreed time per update to about check_s."""
+
+    def __init__(self, check_s: float, first_every: int):
+        self.check_s, self.every = check_s, max(1, first_every)
+
+    def due(self, step: int) -> bool:
+        """Whether the ranks ask after update `step`."""
+        return self.check_s > 0 and step % self.every == 0
+
+    def retune(self, steps: int, seconds: float) -> None:
+        """Re-derive the interval from `steps` updates taking `seconds` (the same figures on every rank)."""
+        if steps > 0 and seconds > 0:
+            self.every = max(1, int(self.check_s * steps / seconds))
+
+
+def seconds_left(deadline_ms: int | None, noticed_at: float) -> float:
+    """Seconds until a preemption deadline (Ray Train's default wait when the drain named none)."""
+    deadline = deadline_ms / 1000 if deadline_ms else noticed_at + UNKNOWN_DEADLINE_S
+    return deadline - time.time()
+
+
+def wait_for_restart(deadline_ms: int | None, noticed_at: float, poll_s: float = 1.0) -> None:
+    """Hold the ranks after a preemption checkpoint until Ray Train restarts them at the deadline: an update
+    made now would be lost with the node. Returns (and training goes on) if no restart came well after it."""
+    until = time.time() + seconds_left(deadline_ms, noticed_at) + RESTART_WAIT_S
+    while time.time() < until:
+        time.sleep(poll_s)

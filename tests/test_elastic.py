@@ -1,0 +1,145 @@
+"""Spot nodes: the batch an update averages across resizes, restart causes, and the rehearsal on real Ray nodes
+(a preemption notice becomes a checkpoint, the run shrinks to one worker and grows back to two)."""
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+from pipeline.track import tracking
+from pipeline.train import elastic
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("workers, expected", [(4, 1), (2, 2), (1, 4), (3, 1)])
+def test_elastic_accumulation_keeps_the_tokens_of_an_update(workers, expected):
+    # Configured for 4 workers x 2048 tokens x 1 batch: 8192 tokens per update at any size.
+    cfg = load_config(None, ["train.num_workers=4", "train.min_workers=1", "train.max_tokens=2048"])
+    target = cfg.train.target_tokens()
+    assert target == 8192
+    assert elastic.accumulation(target, 2048, workers) == expected
+    # Wherever the count divides the target, an update averages exactly the same tokens.
+    if 8192 % (2048 * workers) == 0:
+        assert elastic.accumulation(target, 2048, workers) * workers * 2048 == target
+
+
+def test_elastic_target_is_explicit_or_derived_from_the_most_workers():
+    assert load_config(None, ["train.num_workers=2", "train.update_freq=3", "train.max_tokens=100"]
+                       ).train.target_tokens() == 600
+    assert load_config(None, ["train.tokens_per_update=5000"]).train.target_tokens() == 5000
+    assert elastic.accumulation(5000, 4096, 8) == 1  # never below one batch
+
+
+def test_elastic_config_limits_are_checked_with_the_key_named():
+    with pytest.raises(ConfigError, match="train.min_workers .3. is above train.num_workers .2."):
+        load_config(None, ["train.num_workers=2", "train.min_workers=3"])
+    with pytest.raises(ConfigError, match="max_preemption_failures must be -1"):
+        load_config(None, ["train.max_preemption_failures=-2"])
+    cfg = load_config(None, ["train.num_workers=4", "train.min_workers=2"])
+    assert cfg.train.elastic and cfg.train.fewest_workers() == 2
+    assert not load_config(None, ["train.num_workers=4"]).train.elastic
+
+
+def test_elastic_resume_continues_from_the_same_share_of_the_epoch():
+    assert elastic.rescaled_position(30, 60, 60) == 30  # same size: exact
+    assert elastic.rescaled_position(30, 60, 120) == 60  # half the workers: twice the batches each
+    assert elastic.rescaled_position(59, 60, 30) == 30  # never past the end
+    assert elastic.rescaled_position(7, 0, 50) == 7  # saved before the count was recorded
+
+
+def test_elastic_restart_causes_are_read_from_the_checkpoint():
+    assert elastic.restart_cause({"preempted": True, "world_size": 2, "attempt": "a"}, 1, "a") == elastic.PREEMPTION
+    assert elastic.restart_cause({"world_size": 1, "attempt": "a"}, 2, "a") == elastic.RESIZE
+    assert elastic.restart_cause({"world_size": 2, "attempt": "a"}, 2, "a") == elastic.FAILURE
+    assert elastic.restart_cause({"world_size": 2, "attempt": "a"}, 2, "b") == elastic.RERUN
+
+
+def test_preemption_checks_come_at_the_same_updates_on_every_rank_about_every_check_s():
+    cadence = elastic.NoticeCadence(check_s=5.0, first_every=10)
+    assert [s for s in range(1, 31) if cadence.due(s)] == [10, 20, 30]
+    cadence.retune(steps=100, seconds=50.0)  # 0.5 s per update: every 10 updates is 5 s
+    assert cadence.every == 10
+    cadence.retune(steps=100, seconds=1000.0)  # 10 s per update: every update
+    assert cadence.every == 1
+    assert not elastic.NoticeCadence(check_s=0.0, first_every=1).due(1)  # 0: never asks
+
+
+def test_preemption_restart_tags_node_metrics_and_no_nan_reach_mlflow():
+    report = {"step": 12, "time": 1.0, "val_bleu": math.nan, "world_size": 1,
+              tracking.PROGRESS_KEY: [{"step": 11, "time": 0.5, "train_loss": 2.0, "world_size": 1,
+                                       "resumed_from_step": 10, "restarts": 1, "restart_cause": "preemption",
+                                       "restart_from_workers": 2}]}
+    assert tracking.restart_tags(report) == {"restart.1": "preemption at step 10, 2 -> 1 workers"}
+    keys = {m.key for m in tracking._metric_entries(report)}
+    assert "val_bleu" not in keys and {"train_loss", "world_size", "resumed_from_step"} <= keys
+    ranks = [{tracking.NODE_KEY: [{"time": 2.0, "step": 12, "system/node-a/cpu_utilization_percentage": 50.0}]},
+             {tracking.NODE_KEY: [{"time": 2.5, "step": 12, "system/node-b/cpu_utilization_percentage": 70.0}]}]
+    entries = tracking.node_metric_entries(ranks)
+    assert {(m.key, m.value, m.step, m.timestamp) for m in entries} == {
+        ("system/node-a/cpu_utilization_percentage", 50.0, 12, 2000),
+        ("system/node-b/cpu_utilization_percentage", 70.0, 12, 2500)}
+
+
+@pytest.mark.slow
+def test_preempted_node_checkpoints_before_its_deadline_and_the_elastic_run_shrinks_then_grows(tmp_path, s3_bucket):
+    from spot_rehearsal import run_scenario
+
+    started = time.monotonic()
+    result, log = run_scenario("notice", f"{s3_bucket}/spot-{tmp_path.name}", tmp_path, timeout_s=600)
+    assert result["status"] == "FINISHED" and "chaos_error" not in result, result
+    history = result["history"]
+    # The notice became a checkpoint after the drain and before the deadline (the report that carries it).
+    (warned,) = set(map(tuple, history["preemption_warning_s"]))  # logged again when resumed: MLflow keeps one
+    jit_step, warning_s, reported_ms = warned
+    assert result["drained_at"] * 1000 <= reported_ms <= result["deadline"] * 1000, (result, warned)
+    assert 0 < warning_s <= 20
+    # The run resumed from exactly that step: no update lost (rank 0 never trained past it).
+    resumed = [int(v) for _, v, _ in sorted(history["resumed_from_step"], key=lambda e: e[2])]
+    assert resumed[0] == jit_step, (resumed, jit_step)
+    assert result["updates_lost"] == 0, {k: result[k] for k in ("last_update", "resumed_from")}
+    # Two workers, then one (with the same tokens per update, within 10%), then two again.
+    sizes = [(step, int(v), t) for step, v, t in sorted(history["world_size"], key=lambda e: e[2])]
+    order = [size for i, (_, size, _) in enumerate(sizes) if i == 0 or size != sizes[i - 1][1]]
+    assert order[:3] == [2, 1, 2], order
+    size_of = {(step, stamp): size for step, size, stamp in sizes}  # both values of a progress line
+    tokens = {}
+    for step, value, stamp in history["tokens_per_update"]:
+        tokens.setdefault(size_of[step, stamp], []).append(value)
+    two, one = (sum(tokens[n]) / len(tokens[n]) for n in (2, 1))
+    assert abs(one - two) <= 0.1 * two, (one, two)
+    # Each restart has its tag; max_failures is 0, so no restart was counted as a failure.
+    tags = result["tags"]
+    assert tags["restart.1"].startswith(f"preemption at step {jit_step}, 2 -> 1 workers"), tags
+    assert any(v.startswith("resize at step") and v.endswith("1 -> 2 workers") for v in tags.values()), tags
+    # Every validation logged once.
+    val_steps = [step for step, _, _ in history["val_loss"]]
+    assert len(val_steps) == len(set(val_steps)), val_steps
+    # Both original worker nodes logged their own system metrics.
+    for node in result["nodes"]:
+        assert f"system/{node}/cpu_utilization_percentage" in result["system_keys"], (node, result["system_keys"])
+    (tmp_path / "figures.json").write_text(json.dumps(result))
+    print(f"spot rehearsal: {time.monotonic() - started:.0f}s")
+
+
+def test_the_spot_groups_prestop_hook_passes_the_preemption_notice_on_within_the_grace_period():
+    import yaml
+
+    from pipeline.launch import preemption_notice
+
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text()) if d]
+    (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
+    (spot,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu-spot"]
+    pod = spot["template"]["spec"]
+    command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["python", "-m", "pipeline.launch.preemption_notice"]
+    deadline = float(command[command.index("--deadline-s") + 1])
+    assert 0 < deadline < pod["terminationGracePeriodSeconds"]  # the hook is not cut off before the deadline
+    with pytest.raises(SystemExit) as exit_:
+        preemption_notice.main([*command[3:], "--help"])
+    assert exit_.value.code == 0
