@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +30,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEADLINE_S = 20  # the drain's notice: GCP gives 30 s, AWS 120 s
+DEADLINE_S = 20  # the drain's deadline: GCP gives 30 s of notice, AWS 120 s
+RECLAIM_AFTER_S = 1  # the node is killed this long after the deadline Ray was told
 COMMON = ["data.demo_sizes={train: 4000, validation: 40, test: 40}", "data.vocab_size=500",
           "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
           "train.max_tokens=1024", "train.warmup_steps=30", "train.epochs=100", "train.val_interval=20",
@@ -86,25 +88,27 @@ def scenario(name: str, storage: str, out: Path) -> dict:
     cfg = load_config(REPO_ROOT / "configs" / "demo.yaml", [
         *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}",
         # Without the notice the run trains on until the deadline: more updates, or it may end before it.
-        f"train.max_steps={140 if name == 'notice' else 300}",
+        f"train.max_steps={220 if name == 'notice' else 500}",
         f"train.storage_path={runs}", f"train.run_name=spot-{name}", f"data.output_dir={storage}/data",
         f"tracking.tracking_uri={uri}"])
     events: dict = {}
     done = threading.Event()
 
-    def reclaim(node) -> None:  # the machine goes: every process of the node dies at once
-        for proc in psutil.Process(node.all_processes["raylet"][0].process.pid).children(recursive=True):
+    def reclaim(node) -> None:  # the machine goes: every process of the node dies at once, no goodbye to Ray
+        raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+        for proc in [*raylet.children(recursive=True), raylet]:
             proc.kill()
-        cluster.remove_node(node)
+        cluster.remove_node(node, allow_graceful=False)
 
     def chaos() -> None:
         try:
             _wait(lambda: _checkpoints(f"{runs}/spot-{name}")[1] or done.is_set(), 600, "a registered checkpoint")
-            time.sleep(3)  # mid-interval: without the notice, the updates since the checkpoint are lost
+            time.sleep(1)  # mid-interval: without the notice, the updates since the checkpoint are lost
             victim = workers[1]
             events["drained_at"] = time.time()
             events["deadline"] = drain_for_preemption(cluster.address, victim.node_id, DEADLINE_S)
-            time.sleep(max(0.0, events["deadline"] + 1 - time.time()))
+            # The cloud takes the node at the deadline (Ray Train waits train.preemption_grace_s for it to go).
+            time.sleep(max(0.0, events["deadline"] + RECLAIM_AFTER_S - time.time()))
             reclaim(victim)
             events["reclaimed_at"] = time.time()
             # A new node joins once the run goes on without the old one.
@@ -115,8 +119,11 @@ def scenario(name: str, storage: str, out: Path) -> dict:
         except Exception as err:  # reported in the figures: the run itself decides the exit status
             events["chaos_error"] = repr(err)
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False},
-                      shutdown_at_exit=False)
+    # A node that vanishes is found dead by the GCS's health checks: every second, dead after two misses.
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 2}},
+        shutdown_at_exit=False)
     try:
         workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
         ray.init(address=cluster.address)
@@ -149,7 +156,9 @@ def scenario(name: str, storage: str, out: Path) -> dict:
 def updates_lost(log_text: str) -> dict:
     """From rank 0's progress lines: the last update before the first restart, the step resumed from."""
     before, _, after = log_text.partition("resumed from step")
-    steps = [int(s) for s in re.findall(r"step (\d+)/\d+ epoch", before)]
+    # Progress lines, and the step a preemption checkpoint stored (reached before its progress line).
+    found = re.findall(r"step (\d+)/\d+ epoch|checkpointing step (\d+)", before)
+    steps = [int(number) for pair in found for number in pair if number]
     resumed = re.match(r" (\d+)", after)
     if not steps or not resumed:
         return {"last_update": max(steps, default=None), "resumed_from": None, "updates_lost": None}
@@ -159,12 +168,19 @@ def updates_lost(log_text: str) -> dict:
 
 def run_scenario(name: str, storage: str, out: Path, timeout_s: float = 900) -> tuple[dict, str]:
     """The scenario in a process of its own (a Cluster cannot share one with another Ray); figures and log."""
-    proc = subprocess.run([sys.executable, __file__, "--scenario", name, "--storage", storage, "--out", str(out)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
-    text = proc.stdout + proc.stderr
-    (out / f"{name}.log").write_text(text)
+    log = out / f"{name}.log"  # for a failure's post-mortem, written as it goes
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, __file__, "--scenario", name, "--storage", storage, "--out",
+                                 str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
     if proc.returncode != 0:
-        raise RuntimeError(f"scenario {name} failed (exit {proc.returncode}):\n{text[-4000:]}")
+        raise RuntimeError(f"scenario {name} failed (exit {proc.returncode}), log {log}:\n{text[-4000:]}")
     figures = json.loads((out / f"{name}.json").read_text())
     return {**figures, **updates_lost(text)}, text
 

@@ -111,6 +111,7 @@ class TrainConfig:
     max_failures: int = 0  # restarts from the latest checkpoint after a worker failure
     max_preemption_failures: int = -1  # restarts after a node is preempted (counted apart from failures); -1: no limit
     preemption_check_s: float = 5.0  # ask this often whether a node is being preempted (then checkpoint); 0: never
+    preemption_grace_s: float = 30.0  # restart this long after a preemption deadline, once Ray Train sees the node go
     resize_interval_s: float = 60.0  # elastic: how often Ray Train checks whether more workers fit
     resource_wait_s: float = 30.0  # how long to wait for the cluster to fit the workers
 
@@ -247,6 +248,7 @@ NON_NEGATIVE = {
     "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
     "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
     "train.min_workers", "train.tokens_per_update", "train.preemption_check_s", "train.resize_interval_s",
+    "train.preemption_grace_s",
     "tune.max_concurrent_trials", "tune.grace_period", "tracking.system_metrics_s",
     "serve.batch_wait_timeout_s", "train.cooldown",
 }

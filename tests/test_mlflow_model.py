@@ -61,6 +61,10 @@ def test_a_training_run_shows_its_source_system_metrics_and_datasets_in_mlflow(c
     assert not {"param_checksum", "averaged"} & set(run.data.metrics)  # the loop's own checks are no charts
     best = champion.outcome.metrics  # the best checkpoint's report: the averaged one when averaging helped
     assert tags.get("averaged_checkpoints") == (str(best["averaged"]) if "averaged" in best else None)
+    # The runs table shows the best validation; the averaged checkpoint's score is a chart of its own.
+    assert run.data.metrics["best_val_bleu"] == pytest.approx(best["val_bleu"])
+    assert run.data.metrics["best_step"] == best["step"]
+    assert "val_bleu_averaged" in run.data.metrics or champion.cfg.train.average_last < 2
     inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
     assert set(inputs) == {"train", "validation", "test"}
     manifest = champion.outcome.manifest

@@ -86,11 +86,15 @@ def test_a_sweep_logs_and_registers_with_credentials_from_the_environment(asha_s
     with environment(**asha_sweep.login):
         versions = client.search_model_versions(f"name = '{asha_sweep.cfg.tracking.registered_model}'")
     assert outcome.registered is not None and any(v.version == outcome.registered.version for v in versions)
-    # Finished runs end FINISHED; those ASHA stopped end KILLED, tagged, once the sweep is over.
+    # Every trial ends FINISHED (a stop by ASHA is no failure), those ASHA stopped tagged once the sweep is over,
+    # and each with its best validation as a metric, the figure the runs table compares.
     stopped = {t["run_id"] for t in outcome.trials if t["status"] == "STOPPED_EARLY"}
-    assert {r.info.run_id for r in runs if r.info.status == "KILLED"} == stopped
-    assert all(r.data.tags.get("stopped_early") == "asha" for r in runs if r.info.run_id in stopped)
-    assert {r.info.status for r in runs if r.info.run_id not in stopped} == {"FINISHED"}
+    assert {r.info.run_id for r in runs if r.data.tags.get("stopped_early") == "asha"} == stopped
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for trial in outcome.trials:
+        if trial["run_id"] and trial["val_bleu"] == trial["val_bleu"]:
+            run = client.get_run(trial["run_id"])
+            assert run.data.metrics["best_val_bleu"] == pytest.approx(trial["val_bleu"])
     # Trials and Ray Train's controllers are actors of a Ray instance started without the login: they logged too.
     trials = [r for r in runs if r.info.run_id != outcome.parent_run_id]
     assert all({"train_loss", "val_bleu"} <= set(r.data.metrics) for r in trials)

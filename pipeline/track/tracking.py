@@ -261,10 +261,17 @@ def _metric_entries(report: dict[str, Any]) -> list:
 
     now = time.time()
     # NaN marks a value that does not exist (the val_bleu of a checkpoint taken on a preemption notice).
-    return [mlflow.entities.Metric(k, float(v), int(row.get("time", now) * 1000), int(row.get("step", 0)))
+    return [mlflow.entities.Metric(_chart_name(k, row), float(v), int(row.get("time", now) * 1000),
+                                   int(row.get("step", 0)))
             for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
             if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v)]
+
+
+def _chart_name(key: str, row: dict[str, Any]) -> str:
+    """A metric's MLflow name: the averaged checkpoint's scores get their own (val_bleu_averaged, ...), so that
+    a learning curve shows the training run and does not end in another model's figure."""
+    return f"{key}_averaged" if "averaged" in row and key.startswith("val_") else key
 
 
 def node_metric_entries(reports: list[dict[str, Any]]) -> list:
@@ -392,6 +399,22 @@ def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path:
     client = MlflowClient(uri)
     for path in paths:
         client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_best(uri: str, run_id: str, val_bleu: float, step: int) -> None:
+    """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).log_batch(run_id, metrics=[_metric("best_val_bleu", val_bleu, step),
+                                                 _metric("best_step", float(step), step)])
+
+
+def _metric(key: str, value: float, step: int):
+    import time
+
+    import mlflow
+
+    return mlflow.entities.Metric(key, float(value), int(time.time() * 1000), int(step))
 
 
 def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:

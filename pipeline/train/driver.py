@@ -65,8 +65,11 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     run_config = RunConfig(
         name=run_name, storage_path=storage_path,
         # A preempted node is not a failure: its restarts count against a budget of their own.
+        # Restarted before it sees the reclaimed node gone, Ray Train would count the node and wait to place a
+        # worker on it: its elastic policy learns of nodes from a coordinator that refreshes every 20 s.
         failure_config=FailureConfig(max_failures=train.max_failures,
-                                     max_preemption_failures=train.max_preemption_failures),
+                                     max_preemption_failures=train.max_preemption_failures,
+                                     preemption_grace_s=train.preemption_grace_s),
         # The best K by val_bleu; Ray Train also keeps the latest one, which resume needs.
         checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                            checkpoint_score_attribute="val_bleu", checkpoint_score_order="max"),
@@ -98,6 +101,8 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     if best:
         registered = publish(cfg, setup.uri, run_id, best[0], metrics, setup.manifest, register=cfg.tracking.register)
     best_path = storage.with_scheme(best[0].path, setup.storage_path) if best else None  # s3://..., not bucket/...
+    if best:  # the best validation as a metric too: the runs table and compare view show it
+        tracking.log_best(setup.uri, run_id, metrics["val_bleu"], int(metrics.get("step", 0)))
     tags = {"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}", "best_checkpoint": best_path or ""}
     if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
         tags["averaged_checkpoints"] = str(metrics["averaged"])

@@ -90,7 +90,9 @@ class Replica:
         self.replayed: list[dict] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
         self.node_sampler: NodeSampler | None = None  # on each node's first worker: its system metrics
-        if ctx.local_rank == 0 and cfg.tracking.system_metrics_s > 0:
+        # By node id, not Ray Train's local rank: that groups workers by IP, which nodes may share.
+        first_on_node = all_gather_objects(ctx.node).index(ctx.node) == ctx.world_rank
+        if first_on_node and cfg.tracking.system_metrics_s > 0:
             self.node_sampler = NodeSampler(ctx.node, cfg.tracking.system_metrics_s, lambda: self.progress.step)
         if not self._restore() and init:  # a resumed fine-tuning run continues from its own checkpoint
             self._start_from_parent(init)

@@ -68,7 +68,6 @@ class WorkerContext(abc.ABC):
 
     world_rank: int = 0
     world_size: int = 1
-    local_rank: int = 0  # this worker's rank among those on its node: 0 samples the node's system metrics
     node: str = "node-0"  # a short name of this worker's node, as metric names show it
     device: torch.device = torch.device("cpu")
 
@@ -115,7 +114,6 @@ class RayContext(WorkerContext):
         logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
         context = ray.train.get_context()
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
-        self.local_rank = context.get_local_rank()
         self.node = f"node-{ray.get_runtime_context().get_node_id()[:8]}"  # as the Ray dashboard shows nodes
         self.device = ray.train.torch.get_device()
         self._restored: tempfile.TemporaryDirectory | None = None  # the checkpoint being restored
@@ -165,7 +163,7 @@ class TorchrunContext(WorkerContext):
     def __init__(self, checkpoint_root: str, device: str = "auto"):
         self.world_rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        local_rank = self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.node = os.environ.get("HOSTNAME") or os.uname().nodename
         self.device = resolve_device(device)
         if self.device.type == "cuda":

@@ -54,17 +54,21 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
                 scored = scored.loc[scored["checkpoint_path"].map(_kept).astype(bool)]
             if len(scored):
                 top = scored.loc[scored["val_bleu"].idxmax() if cfg.tune.mode == "max" else scored["val_bleu"].idxmin()]
-                row.update(val_bleu=float(top["val_bleu"]), checkpoint_path=top.get("checkpoint_path"))
+                row.update(val_bleu=float(top["val_bleu"]), checkpoint_path=top.get("checkpoint_path"),
+                           best_step=int(top["step"]) if "step" in top else 0)
             row["steps"] = int(history["step"].max()) if "step" in history else 0
             if "rejected" in history and history["rejected"].notna().any():
                 row["status"] = "REJECTED"
         run = client.get_run(row["run_id"]) if row["run_id"] else None
         if run is not None and run.info.status == "RUNNING" and row["status"] == "OK":
             # Tune stopped the trial between reports: ASHA's early stop.
+            # A stop by the scheduler is how a sweep works, not a failure: FINISHED, and tagged.
             row["status"] = "STOPPED_EARLY"
-            tracking.end_run(uri, row["run_id"], status="KILLED", tags={"stopped_early": "asha"})
+            tracking.end_run(uri, row["run_id"], tags={"stopped_early": "asha"})
         elif run is not None and run.data.tags.get("stopped_early"):
             row["status"] = "STOPPED_EARLY"
+        if run is not None and not math.isnan(row["val_bleu"]):  # what the runs table should compare
+            tracking.log_best(uri, row["run_id"], row["val_bleu"], row.get("best_step", 0))
         trials.append(row)
     return trials
 
