@@ -88,7 +88,7 @@ def scenario(name: str, storage: str, out: Path) -> dict:
     cfg = load_config(REPO_ROOT / "configs" / "demo.yaml", [
         *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}",
         # Without the notice the run trains on until the deadline: more updates, or it may end before it.
-        f"train.max_steps={220 if name == 'notice' else 500}",
+        f"train.max_steps={300 if name == 'notice' else 500}",
         f"train.storage_path={runs}", f"train.run_name=spot-{name}", f"data.output_dir={storage}/data",
         f"tracking.tracking_uri={uri}"])
     events: dict = {}

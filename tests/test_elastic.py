@@ -56,6 +56,7 @@ def test_elastic_resume_continues_from_the_same_share_of_the_epoch():
 def test_elastic_restart_causes_are_read_from_the_checkpoint():
     assert elastic.restart_cause({"preempted": True, "world_size": 2, "attempt": "a"}, 1, "a") == elastic.PREEMPTION
     assert elastic.restart_cause({"world_size": 1, "attempt": "a"}, 2, "a") == elastic.RESIZE
+    assert elastic.restart_cause({"world_size": 2, "attempt": "a"}, 1, "a") == elastic.FAILURE  # lost unannounced
     assert elastic.restart_cause({"world_size": 2, "attempt": "a"}, 2, "a") == elastic.FAILURE
     assert elastic.restart_cause({"world_size": 2, "attempt": "a"}, 2, "b") == elastic.RERUN
 

@@ -63,6 +63,10 @@ HEADLINES = [
      "per-block marking: {dedup[this][seconds]:.0f}",
      "one Python call per pair (`map_groups`): {dedup[baseline][seconds]:.0f}",
      "{dedup[seconds_baseline_to_this]:.1f}x faster, the same {dedup[this][train_pairs_kept]:,} pairs kept"),
+    ("spot_rehearsal", "updates lost when a spot node is reclaimed (20 s notice, checkpoints every 20 updates)",
+     "checkpoint on the notice: {spot_rehearsal[notice][updates_lost]}",
+     "periodic checkpoints only: {spot_rehearsal[none][updates_lost]}",
+     "resumed from update {spot_rehearsal[notice][resumed_from]}, the last one made"),
     ("serve", "translation service at 16 clients, sentences/s",
      "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
      "CTranslate2 int8: {serve[ctranslate2_int8_batched_sentences_per_s]:.1f}",

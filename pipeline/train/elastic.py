@@ -31,13 +31,14 @@ def rescaled_position(position: int, batches_before: int, batches_now: int) -> i
 
 def restart_cause(saved: dict, world_size: int, attempt: str) -> str:
     """Why a run resumes from a checkpoint whose progress is `saved`: a new command, a preemption, a resize
-    or a failure (what Ray Train restarted the workers for is not told to them, so it is read from the
-    checkpoint: a preemption checkpoint says so, and a resize changes the worker count)."""
+    or a failure. Ray Train does not tell the workers, so it is read from the checkpoint: a preemption
+    checkpoint says so, more workers is a resize (Ray Train grows a healthy run), and anything else (fewer
+    workers too: a node lost without notice) is a failure."""
     if attempt and saved.get("attempt") and saved["attempt"] != attempt:
         return RERUN
     if saved.get("preempted"):
         return PREEMPTION
-    if saved.get("world_size") and saved["world_size"] != world_size:
+    if world_size > saved.get("world_size", world_size):
         return RESIZE
     return FAILURE
 
