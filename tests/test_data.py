@@ -86,6 +86,25 @@ def test_a_split_empty_after_cleaning_fails_and_leaves_nothing_behind(ray_sessio
     assert not out.exists() or list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("train_en, train_de, expected", [
+    ("", "", r"split 'train' of the corpus is empty: read .*train\.en, .*train\.de \(0 lines each\)"),
+    ("\n  \n", "a\n\n", r"cannot train the tokenizer: no training pair sampled from .*train\.en, .*train\.de "
+                          r"\(2 lines each\) has text on both sides"),
+])
+def test_an_empty_or_blank_training_split_names_its_files_and_their_lines(ray_session, tmp_path, train_en, train_de,
+                                                                           expected):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.en").write_text(train_en, encoding="utf-8")
+    (corpus / "train.de").write_text(train_de, encoding="utf-8")
+    (corpus / "val.en").write_text("a b\n", encoding="utf-8")
+    (corpus / "val.de").write_text("x y\n", encoding="utf-8")
+    cfg = DataConfig(source="files", path=str(corpus), output_dir=str(tmp_path / "out"), vocab_size=60,
+                     splits={"train": "train", "validation": "val"})
+    with pytest.raises(CorpusError, match=expected):
+        prepare(cfg)
+
+
 def test_demo_corpus_is_prepared_with_its_statistics(ray_session, tmp_path):
     cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000,
                      demo_sizes={"train": 3000, "validation": 200, "test": 200})

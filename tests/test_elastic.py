@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.track import tracking
+from pipeline.track import reports, tracking
 from pipeline.train import elastic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,12 +76,12 @@ def test_preemption_restart_tags_node_metrics_and_no_nan_reach_mlflow():
               tracking.PROGRESS_KEY: [{"step": 11, "time": 0.5, "train_loss": 2.0, "world_size": 1,
                                        "resumed_from_step": 10, "restarts": 1, "restart_cause": "preemption",
                                        "restart_from_workers": 2}]}
-    assert tracking.restart_tags(report) == {"restart.1": "preemption at step 10, 2 -> 1 workers"}
-    keys = {m.key for m in tracking._metric_entries(report)}
+    assert reports.restart_tags(report) == {"restart.1": "preemption at step 10, 2 -> 1 workers"}
+    keys = {m.key for m in reports.metric_entries(report)}
     assert "val_bleu" not in keys and {"train_loss", "world_size", "resumed_from_step"} <= keys
     ranks = [{tracking.NODE_KEY: [{"time": 2.0, "step": 12, "system/node-a/cpu_utilization_percentage": 50.0}]},
              {tracking.NODE_KEY: [{"time": 2.5, "step": 12, "system/node-b/cpu_utilization_percentage": 70.0}]}]
-    entries = tracking.node_metric_entries(ranks)
+    entries = reports.node_metric_entries(ranks)
     assert {(m.key, m.value, m.step, m.timestamp) for m in entries} == {
         ("system/node-a/cpu_utilization_percentage", 50.0, 12, 2000),
         ("system/node-b/cpu_utilization_percentage", 70.0, 12, 2500)}

@@ -12,7 +12,7 @@ import pytest
 from conftest import environment, free_port
 from mlflow.tracking import MlflowClient
 
-from pipeline.track import tracking
+from pipeline.track import reports, tracking
 
 
 def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(tmp_path):
@@ -20,7 +20,7 @@ def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("paced")).info.run_id
     earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
-    tracking.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5,
+    reports.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5,
                                             "averaged": 2, tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
     history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 0.0), (15, -5.0), (20, 5.0)]
@@ -57,7 +57,7 @@ def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_s
         tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    metric_logger = tracking.MetricLogger(f"http://127.0.0.1:{free_port()}", "0" * 32)  # nothing listens there
+    metric_logger = reports.MetricLogger(f"http://127.0.0.1:{free_port()}", "0" * 32)  # nothing listens there
     metric_logger.FINAL_WAIT_S = 3.0
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         start = time.monotonic()
@@ -157,7 +157,7 @@ def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, capl
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with caplog.at_level(logging.WARNING, logger="pipeline"):  # MLflow's message names the URL it asked
-        tracking.MetricLogger(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32).log({"step": 5, "loss": 1.0})
+        reports.MetricLogger(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32).log({"step": 5, "loss": 1.0})
     assert "cannot log metrics to http://alice:***@127.0.0.1" in caplog.text and "s3cret" not in caplog.text
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = tracking.start_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"})

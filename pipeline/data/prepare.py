@@ -65,7 +65,8 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
     source = open_source(cfg, on_ray=True)
     for split, count in source.counts.items():
         if count == 0:
-            raise CorpusError(f"split {split!r} of the corpus is empty; check data.path and data.splits")
+            raise CorpusError(f"split {split!r} of the corpus is empty: read {source.described(split)}; "
+                              "check data.path and data.splits")
     logger.info(", ".join(f"{split}: {count:,} pairs read" for split, count in source.counts.items()))
 
     if tokenizer is None:
@@ -125,9 +126,13 @@ def fit_tokenizer(source, cfg: DataConfig) -> Tokenizer:
     that is an Arrow table in the driver's memory already (demo, data.source=hf) trains here.
     """
     def fit(source) -> dict[str, bytes]:
-        return train_tokenizer(*tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed), vocab_size=cfg.vocab_size,
-                               model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
-                               character_coverage=cfg.character_coverage).files()
+        src, tgt = tokenizer_sample(source, cfg.tokenizer_sample, cfg.seed)
+        if not src:
+            raise CorpusError(f"cannot train the tokenizer: no training pair sampled from "
+                              f"{source.described('train')} has text on both sides; "
+                              "check data.path, data.splits and the field names")
+        return train_tokenizer(src, tgt, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type,
+                               joint=cfg.joint_vocab, character_coverage=cfg.character_coverage).files()
 
     if isinstance(source, TableSource):
         return Tokenizer.from_files(fit(source), "the tokenizer")

@@ -69,6 +69,10 @@ class TableSource:
         self.tables = tables
         self.counts = {split: table.num_rows for split, table in tables.items()}
 
+    def described(self, split: str) -> str:
+        """What a split was read from, for a message."""
+        return f"{self.counts[split]:,} pairs"
+
     def pairs(self, split: str, first: int, count: int) -> pa.Table:
         """Rows first..first+count-1 of a split as a (src, tgt) table."""
         return self.tables[split].slice(first, count)
@@ -91,8 +95,16 @@ class TableSource:
 class RangeSource:
     """A source read as runs of rows by `reader(split, first, count)`: by `run` (the sample) and in Ray Data tasks."""
 
-    def __init__(self, reader, counts: dict[str, int], run=run_here, remote_args: dict | None = None):
+    def __init__(self, reader, counts: dict[str, int], run=run_here, remote_args: dict | None = None,
+                 files: dict[str, list[str]] | None = None):
         self.reader, self.counts, self.run, self.remote_args = reader, counts, run, remote_args or {}
+        self.files = files or {}  # each split's files, for messages
+
+    def described(self, split: str) -> str:
+        """What a split was read from, for a message: its files and their rows."""
+        paths = self.files.get(split, [])
+        each = " each" if len(paths) == 2 else " in all"
+        return f"{', '.join(paths) or split} ({self.counts[split]:,} {'lines' if each == ' each' else 'rows'}{each})"
 
     def pairs(self, split: str, first: int, count: int) -> pa.Table:
         """Rows first..first+count-1 of a split as a (src, tgt) table, read in this process."""
@@ -143,7 +155,7 @@ def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = N
         if len(paths) == 2 and indexes[split][0].lines != indexes[split][1].lines:
             raise _mismatch(*indexes[split])
     return RangeSource(LineReader(indexes, fmt), {split: found[0].lines for split, found in indexes.items()},
-                       run, remote_args)
+                       run, remote_args, files)
 
 
 def parquet_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None) -> RangeSource:
@@ -151,7 +163,7 @@ def parquet_source(cfg: DataConfig, run=run_here, remote_args: dict | None = Non
     paths = {split: split_files(cfg.path, stem) for split, stem in cfg.splits.items()}
     rows = {split: [check_parquet(path, cfg) for path in files] for split, files in paths.items()}
     return RangeSource(ParquetReader(paths, rows, cfg), {split: sum(n) for split, n in rows.items()},
-                       run, remote_args)
+                       run, remote_args, paths)
 
 
 def _mismatch(src: LineIndex, tgt: LineIndex) -> CorpusError:

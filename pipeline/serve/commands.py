@@ -16,7 +16,7 @@ from ..common.devices import resolve_device
 from ..common.errors import UserError
 from ..data.textfiles import read_lines
 from ..text.metrics import check_counts, score_with_signatures
-from ..track import registry, tracking
+from ..track import registry, reports, tracking
 
 PROGRESS_EVERY_S = 5.0
 logger = log.get("translate")
@@ -127,7 +127,7 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
     run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", {"beam_size": beam_size}, tags,
                                 source="nmt evaluate")
-    tracking.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
+    reports.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
     with tempfile.TemporaryDirectory() as tmp:
         hyp_file = Path(tmp) / f"{label}.hyp.txt"
         hyp_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")

@@ -12,7 +12,7 @@ from typing import Any
 from ..common import log, storage
 from ..config import Config
 from ..data.manifest import Manifest
-from ..track import tracking
+from ..track import reports, tracking
 from ..track.publish import best_checkpoint, publish
 from .run import prepare_run, start_tracked_run, tracked_fit
 
@@ -91,7 +91,7 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     run_id = start_tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file)
     logger.info(f"run {run_name} (MLflow run {run_id}, storage {setup.storage_path}/{run_name})")
     trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,
-                            callbacks=[tracking.report_callback(setup.uri, run_id, cfg.tracking.system_metrics_s)],
+                            callbacks=[reports.report_callback(setup.uri, run_id, cfg.tracking.system_metrics_s)],
                             init=setup.init())
     with tracked_fit(setup.uri, run_id):
         result = trainer.fit()
@@ -102,7 +102,7 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
         registered = publish(cfg, setup.uri, run_id, best[0], metrics, setup.manifest, register=cfg.tracking.register)
     best_path = storage.with_scheme(best[0].path, setup.storage_path) if best else None  # s3://..., not bucket/...
     if best:  # the best validation as a metric too: the runs table and compare view show it
-        tracking.log_best(setup.uri, run_id, metrics["val_bleu"], int(metrics.get("step", 0)))
+        reports.log_best(setup.uri, run_id, metrics["val_bleu"], int(metrics.get("step", 0)))
     tags = {"best_val_bleu": f"{metrics.get('val_bleu', float('nan')):.2f}", "best_checkpoint": best_path or ""}
     if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
         tags["averaged_checkpoints"] = str(metrics["averaged"])

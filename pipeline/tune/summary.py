@@ -12,7 +12,7 @@ import yaml
 
 from ..common import checkpoint, log, storage
 from ..config import Config
-from ..track import tracking
+from ..track import reports, tracking
 from .search_space import apply
 
 
@@ -68,7 +68,7 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
         elif run is not None and run.data.tags.get("stopped_early"):
             row["status"] = "STOPPED_EARLY"
         if run is not None and not math.isnan(row["val_bleu"]):  # what the runs table should compare
-            tracking.log_best(uri, row["run_id"], row["val_bleu"], row.get("best_step", 0))
+            reports.log_best(uri, row["run_id"], row["val_bleu"], row.get("best_step", 0))
         trials.append(row)
     return trials
 
@@ -99,7 +99,7 @@ def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: di
                "trials_rejected": sum(t["status"] == "REJECTED" for t in trials)}
     if best:
         metrics["best_val_bleu"] = best["val_bleu"]
-    tracking.log_metrics(uri, parent, metrics)
+    reports.log_metrics(uri, parent, metrics)
     with tempfile.TemporaryDirectory() as tmp:
         files = [Path(tmp) / "trials.csv"]
         with open(files[0], "w", newline="") as handle:

@@ -19,7 +19,7 @@ from typing import Any
 from ..common import log
 from ..common.errors import UserError
 from ..config import Config, config_from_dict
-from ..track import tracking
+from ..track import reports, tracking
 from ..track.publish import dataset_inputs, publish
 from ..train.driver import build_trainer
 from ..train.run import prepare_run, start_tracked_run, tracked_fit
@@ -88,7 +88,7 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     tracking.log_datasets(uri, child, dataset_inputs(manifest))  # what the compare view lists per trial
     trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
                             callbacks=[_validation_reports(),
-                                       tracking.report_callback(uri, child, cfg.tracking.system_metrics_s)],
+                                       reports.report_callback(uri, child, cfg.tracking.system_metrics_s)],
                             init=setup["init"])
     trainer.fit()
     tracking.end_run(uri, child)

@@ -1,0 +1,189 @@
+"""What training reports become in MLflow: metric entries at their steps, restart tags, every node's system
+metrics, the buffered logger that rides out an outage, and the Ray Train callback that runs it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+from ..common import log
+from .tracking import FINAL_KEY, INTERNAL_KEYS, NODE_KEY, PROGRESS_KEY, STEP_KEYS, credentials, redact, use_credentials
+
+logger = log.get("mlflow")
+
+
+def metric_entries(report: dict[str, Any]) -> list:
+    """The numeric values of a report, and of the earlier progress values it carries, at their steps and times."""
+    import time
+
+    import mlflow
+
+    now = time.time()
+    # NaN marks a value that does not exist (the val_bleu of a checkpoint taken on a preemption notice).
+    return [mlflow.entities.Metric(_chart_name(k, row), float(v), int(row.get("time", now) * 1000),
+                                   int(row.get("step", 0)))
+            for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
+            if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)]
+
+
+def _chart_name(key: str, row: dict[str, Any]) -> str:
+    """A metric's MLflow name: the averaged checkpoint's scores get their own (val_bleu_averaged, ...), so that
+    a learning curve shows the training run and does not end in another model's figure."""
+    return f"{key}_averaged" if "averaged" in row and key.startswith("val_") else key
+
+
+def node_metric_entries(reports: list[dict[str, Any]]) -> list:
+    """The node samples (system/<node>/<metric>) that the ranks' reports carry, at their steps and times."""
+    import mlflow
+
+    return [mlflow.entities.Metric(k, float(v), int(sample["time"] * 1000), int(sample.get("step", 0)))
+            for report in reports for sample in report.get(NODE_KEY, ()) for k, v in sample.items()
+            if k not in STEP_KEYS and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def restart_tags(report: dict[str, Any]) -> dict[str, str]:
+    """A tag per restart that a report (or its earlier values) tells of: restart.<n> = why, where, how many workers."""
+    return {f"restart.{row['restarts']}": f"{row['restart_cause']} at step {row['resumed_from_step']}, "
+                                          f"{row['restart_from_workers']} -> {row['world_size']} workers"
+            for row in [*report.get(PROGRESS_KEY, ()), report] if "restart_cause" in row}
+
+
+def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
+    """Log the numeric metrics of one report at its step."""
+    from mlflow.tracking import MlflowClient
+
+    entries = metric_entries(metrics)
+    if entries:
+        MlflowClient(uri).log_batch(run_id, metrics=entries)
+
+
+def _reason(err: Exception) -> str:
+    """The start of an error's message, for a log line: redacted before it is cut, which could split a URI's login."""
+    return redact(str(err))[:200]
+
+
+class MetricLogger:
+    """Logs reports to MLflow without ever failing training: while the store is unreachable, reports
+    wait in a bounded buffer (with their original timestamps) and go out once it answers again."""
+
+    MAX_PENDING = 100_000  # metric entries; beyond it the oldest are dropped, and the gap is reported
+    BATCH = 1000  # MLflow's limit of metrics per log_batch call
+    FINAL_WAIT_S = 120.0  # after the last report no later one will retry: wait this long for the store
+
+    def __init__(self, uri: str, run_id: str):
+        self.uri, self.run_id = uri, run_id
+        self.pending: list = []
+        self.pending_tags: list = []
+        self.dropped = 0
+        self.failing_since: float | None = None
+
+    def log(self, report: dict[str, Any], extra: list | None = None, tags: dict[str, str] | None = None) -> None:
+        """Queue one report's metrics and send everything queued; keep what fails for the next report.
+
+        The last report of a run (FINAL_KEY) retries for up to FINAL_WAIT_S: training is over, and
+        nothing after it would deliver what is still queued.
+        """
+        import time
+
+        import mlflow
+
+        self.pending.extend([*metric_entries(report), *(extra or [])])
+        self.pending_tags.extend(mlflow.entities.RunTag(k, v) for k, v in (tags or {}).items())
+        if len(self.pending) > self.MAX_PENDING:
+            self.dropped += len(self.pending) - self.MAX_PENDING
+            del self.pending[: len(self.pending) - self.MAX_PENDING]
+        deadline = time.monotonic() + (self.FINAL_WAIT_S if report.get(FINAL_KEY) else 0.0)
+        while not self._send() and time.monotonic() < deadline:
+            time.sleep(2.0)
+        if self.pending and report.get(FINAL_KEY):
+            logger.warning(f"{redact(self.uri)} did not answer within {self.FINAL_WAIT_S:.0f}s after training: "
+                           f"{len(self.pending)} metric values were not logged")
+
+    def _send(self) -> bool:
+        """Send everything queued; False (and a warning when an outage starts) if the store fails."""
+        import time
+
+        from mlflow.tracking import MlflowClient
+
+        sent = 0
+        try:
+            client = MlflowClient(self.uri)
+            if self.pending_tags:
+                client.log_batch(self.run_id, tags=self.pending_tags)
+                self.pending_tags = []
+            while self.pending:
+                client.log_batch(self.run_id, metrics=self.pending[: self.BATCH])
+                sent += min(self.BATCH, len(self.pending))
+                del self.pending[: self.BATCH]
+        except Exception as err:  # any store failure: training must go on
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+                logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {_reason(err)}); "
+                               "training goes on and the metrics are kept until MLflow answers again")
+            return False
+        if self.failing_since is not None:
+            lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
+            logger.warning(f"{redact(self.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
+                           f"logged {sent} delayed metric values{lost}")
+            self.failing_since, self.dropped = None, 0
+        return True
+
+
+def log_best(uri: str, run_id: str, val_bleu: float, step: int) -> None:
+    """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).log_batch(run_id, metrics=[_metric("best_val_bleu", val_bleu, step),
+                                                 _metric("best_step", float(step), step)])
+
+
+def _metric(key: str, value: float, step: int):
+    import time
+
+    import mlflow
+
+    return mlflow.entities.Metric(key, float(value), int(time.time() * 1000), int(step))
+
+
+def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
+    """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place).
+
+    With system_metrics_s > 0 it also runs MLflow's system-metrics monitor (CPU, memory, disk, network,
+    GPU when present) there, from the first report to the last: the figures of the driver's node.
+    """
+    from ray.train import UserCallback
+
+    login = credentials()  # carried to the controller inside the callback, not through an env var Ray shows
+
+    class MLflowReportCallback(UserCallback):
+        def __init__(self):
+            self.logger = MetricLogger(uri, run_id)
+            self.monitor = None
+
+        def _watch_system(self, final: bool) -> None:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            if self.monitor is None and not final and system_metrics_s > 0:
+                # Its start and stop INFO lines would reach the driver's terminal from this actor.
+                logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+                self.monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, resume_logging=True,
+                                                    tracking_uri=uri)
+                self.monitor.start()
+            elif self.monitor is not None and final:
+                self.monitor.finish()
+
+        def after_report(self, run_context, metrics, checkpoint):
+            log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
+            use_credentials(login)
+            # This process only logs metrics: an unreachable server should cost seconds per report,
+            # not MLflow's default minutes of retries that would stall the controller.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            if metrics:  # rank 0's report for the run's metrics; every rank's for its node's system metrics
+                self.logger.log(metrics[0], extra=node_metric_entries(metrics), tags=restart_tags(metrics[0]))
+                self._watch_system(final=bool(metrics[0].get(FINAL_KEY)))
+
+    return MLflowReportCallback()
