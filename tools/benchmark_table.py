@@ -67,6 +67,12 @@ HEADLINES = [
      "checkpoint on the notice: {spot_rehearsal[notice][updates_lost]}",
      "periodic checkpoints only: {spot_rehearsal[none][updates_lost]}",
      "resumed from update {spot_rehearsal[notice][resumed_from]}, the last one made"),
+    ("wmt14_rehearsal", "`nmt prepare` of WMT14-sized hub Parquet on S3, largest process of the command's tree, MiB",
+     "4.5M pairs: {wmt14_rehearsal[prepare_large][driver_peak_rss_mib]:,} "
+     "in {wmt14_rehearsal[prepare_large][seconds]:.0f} s",
+     "450k pairs: {wmt14_rehearsal[prepare_small][driver_peak_rss_mib]:,} "
+     "in {wmt14_rehearsal[prepare_small][seconds]:.0f} s",
+     "{wmt14_rehearsal[driver_rss_ratio_large_to_small]:.2f}x for 10x the pairs"),
     ("serve", "translation service at 16 clients, sentences/s",
      "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
      "CTranslate2 int8: {serve[ctranslate2_int8_batched_sentences_per_s]:.1f}",
