@@ -144,3 +144,48 @@ def test_the_spot_groups_prestop_hook_passes_the_preemption_notice_on_within_the
     with pytest.raises(SystemExit) as exit_:
         preemption_notice.main([*command[3:], "--help"])
     assert exit_.value.code == 0
+
+
+class Reclaimed(Exception):
+    """Stands for Ray Train tearing the workers down at the deadline."""
+
+
+def test_on_a_preemption_notice_the_loop_checkpoints_that_update_and_makes_no_other(ray_session, tmp_path, monkeypatch):
+    from ray.train import PreemptionInfo
+    from small import small_config
+
+    from pipeline.common import checkpoint
+    from pipeline.data.prepare import prepare
+    from pipeline.train.loop import train_loop
+    from pipeline.train.workers import TorchrunContext
+
+    class NoticeAt(TorchrunContext):  # announces a drain once the loop has asked a few times
+        def __init__(self, root):
+            super().__init__(str(root))
+            self.asked, self.reports = 0, []
+
+        def preemption_notice(self):
+            self.asked += 1
+            return PreemptionInfo(deadline_ms=int((time.time() + 20) * 1000),
+                                  preempted_node_to_ranks={"n1": [0]}) if self.asked == 3 else None
+
+        def report(self, metrics, checkpoint_dir=None):
+            super().report(metrics, checkpoint_dir)
+            self.reports.append((metrics, checkpoint_dir is not None))
+
+    def reclaimed(deadline_ms, noticed_at):
+        raise Reclaimed
+
+    monkeypatch.setattr(elastic, "wait_for_restart", reclaimed)
+    cfg = small_config(tmp_path, "train.max_steps=40", "train.val_interval=0", "train.log_every=2",
+                       "train.preemption_check_s=0.001")  # ask at every update
+    manifest = prepare(cfg.data)
+    ctx = NoticeAt(tmp_path / "ckpt")
+    with pytest.raises(Reclaimed):
+        train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, ctx)
+    (last, with_checkpoint), = ctx.reports[-1:]
+    assert with_checkpoint and math.isnan(last["val_bleu"]) and 0 < last["preemption_warning_s"] <= 20
+    (saved,) = sorted((tmp_path / "ckpt").glob("checkpoint_*"))
+    state = checkpoint.load(saved)
+    assert state["progress"]["preempted"] and state["progress"]["step"] == last["step"]
+    assert ctx.asked == 3 and last["step"] >= 3  # it held at the notice: no question, update or report since

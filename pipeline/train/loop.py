@@ -306,24 +306,24 @@ class Replica:
         self.resumed_from = None
         return found
 
-    def checkpoint_before_preemption(self, notice, earlier: list[dict]) -> float:
-        """A checkpoint now, at an update boundary, because a worker's node is being reclaimed; the seconds
-        left before its deadline once the checkpoint is stored (Ray Train then resumes from it)."""
+    def checkpoint_and_hold(self, notice, earlier: list[dict]) -> None:
+        """A worker's node is being reclaimed: a checkpoint now, at an update boundary, then no more updates (they
+        would be lost with the node) until Ray Train restarts the workers from it after the deadline."""
         noticed_at = time.time()
+        warning_s = elastic.seconds_left(notice.deadline_ms, noticed_at)
         if self.ctx.is_main:
             logger.warning(f"node(s) of rank(s) {notice.preempted_ranks} are being preempted (deadline in "
-                           f"{elastic.seconds_left(notice.deadline_ms, noticed_at):.0f}s): "
-                           f"checkpointing step {self.progress.step}")
+                           f"{warning_s:.0f}s): checkpointing step {self.progress.step}")
         self.progress.preempted = True
         # val_bleu NaN: Ray Train ranks the checkpoint below every validated one; no score of it is logged.
         self.report({**self.position_metrics(), "val_bleu": float("nan"), "time": time.time(),
-                     "preemption_warning_s": elastic.seconds_left(notice.deadline_ms, noticed_at)},
-                    earlier, keep_snapshot=False)
-        margin = elastic.seconds_left(notice.deadline_ms, noticed_at)
+                     "preemption_warning_s": warning_s}, earlier, keep_snapshot=False)
         if self.ctx.is_main:
-            logger.warning(f"checkpoint of step {self.progress.step} stored {margin:.0f}s before the deadline; "
+            logger.warning(f"checkpoint of step {self.progress.step} stored "
+                           f"{elastic.seconds_left(notice.deadline_ms, noticed_at):.0f}s before the deadline; "
                            "waiting for Ray Train to resume the run from it")
-        return margin
+        elastic.wait_for_restart(notice.deadline_ms, noticed_at)
+        self.progress.preempted = False  # no restart came: the node stays, and so does the run
 
 
 def _eta(seconds: float) -> str:
@@ -377,11 +377,8 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
                 progress.train_seconds = seconds_before + time.perf_counter() - run_start
                 if notices.due(progress.step) and (notice := ctx.preemption_notice()) is not None:
-                    noticed_at = time.time()
-                    replica.checkpoint_before_preemption(notice, earlier)
+                    replica.checkpoint_and_hold(notice, earlier)
                     earlier, last_report = [], time.monotonic()
-                    elastic.wait_for_restart(notice.deadline_ms, noticed_at)  # an update now would be lost
-                    progress.preempted = False  # no restart came: the node stays, and so does the run
                 progress_line = progress.step % log_every == 0
                 due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
                 report_due = False
