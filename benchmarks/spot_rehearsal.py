@@ -87,8 +87,9 @@ def scenario(name: str, storage: str, out: Path) -> dict:
     runs = f"{storage}/runs-{name}"
     cfg = load_config(REPO_ROOT / "configs" / "demo.yaml", [
         *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}",
-        # Without the notice the run trains on until the deadline: more updates, or it may end before it.
-        f"train.max_steps={300 if name == 'notice' else 500}",
+        # Long enough that the run is still going when the new node is in use: Ray Train's elastic policy
+        # learns of nodes from a coordinator that refreshes every 20 s, then waits train.resize_interval_s.
+        "train.max_steps=700",
         f"train.storage_path={runs}", f"train.run_name=spot-{name}", f"data.output_dir={storage}/data",
         f"tracking.tracking_uri={uri}"])
     events: dict = {}
