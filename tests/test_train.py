@@ -11,7 +11,7 @@ from model import cooldown_factor, transformer_lr
 from pipeline.common import checkpoint
 from pipeline.common.errors import UserError
 from pipeline.data.prepare import prepare
-from pipeline.track.tracking import FINAL_KEY, PROGRESS_KEY
+from pipeline.track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from pipeline.train.driver import train
 from pipeline.train.loop import train_loop
 from pipeline.train.workers import TorchrunContext
@@ -83,9 +83,10 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
         train_loop(loop_config, stopped)
     train_loop(loop_config, again)
     # Had the stop come before the last report reached MLflow (a SIGKILL), nothing is lost: the resumed
-    # run's first report carries the checkpoint's report again, values and timestamps unchanged.
+    # run's first report carries the checkpoint's report again, values and timestamps unchanged (not the
+    # node's system-metric samples, which each report carries once).
     last = stopped.reports[-1]
-    own = {k: v for k, v in last.items() if k not in (PROGRESS_KEY, FINAL_KEY)}
+    own = {k: v for k, v in last.items() if k not in (PROGRESS_KEY, FINAL_KEY, NODE_KEY)}
     assert again.reports[0][PROGRESS_KEY][:len(last[PROGRESS_KEY]) + 1] == [*last[PROGRESS_KEY], own]
     straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
     resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])

@@ -1,34 +1,51 @@
 """System metrics of every node that hosts a training worker, sampled there and logged by the driver's callback.
 
 MLflow's own monitor runs in one process and describes one node. Here the first worker on each node
-samples that node with MLflow's collectors (CPU, memory, disk, network, and GPU utilisation and
-memory where there is one) and the samples travel with the worker's reports, so a straggler or an
-idle GPU on any node shows in the run as `system/<node>/<metric>`. Workers never talk to MLflow.
+samples that node (CPU, memory, disk, network, and GPU utilisation and memory where NVML answers),
+under MLflow's metric names, and the samples travel with the worker's reports, so a straggler or an
+idle GPU on any node shows in the run as `system/<node>/<metric>`. Workers never talk to MLflow, and
+do not import it: that alone takes seconds of every worker's start.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
+
+import psutil
 
 MAX_SAMPLES = 10_000  # kept while reports are not going out; beyond it the oldest are dropped
 
 
-def _collectors() -> list:
-    """MLflow's system-metric collectors for this machine (a GPU one only where a GPU answers)."""
-    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
-    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
-    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+def _gpus() -> list:
+    """NVML handles of this node's GPUs ([] without an NVIDIA driver or the nvidia-ml-py package)."""
+    try:
+        import pynvml
 
-    collectors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
-    with contextlib.suppress(Exception):  # no NVIDIA driver or pynvml: no GPU figures, as in MLflow's monitor
-        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver, no library: no GPU figures, as in MLflow's monitor
+        return []
 
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
-        collectors.append(GPUMonitor())
-    return collectors
+
+def sample(gpus: list) -> dict[str, float]:
+    """One reading of this node, named as MLflow's system metrics are."""
+    memory, disk, network = psutil.virtual_memory(), psutil.disk_usage("/"), psutil.net_io_counters()
+    found = {"cpu_utilization_percentage": psutil.cpu_percent(),
+             "system_memory_usage_megabytes": memory.used / 1e6, "system_memory_usage_percentage": memory.percent,
+             "disk_usage_percentage": disk.percent, "disk_usage_megabytes": disk.used / 1e6,
+             "network_receive_megabytes": network.bytes_recv / 1e6,
+             "network_transmit_megabytes": network.bytes_sent / 1e6}
+    for i, handle in enumerate(gpus):
+        with contextlib.suppress(Exception):  # a GPU that does not answer once must not end the sampling
+            import pynvml
+
+            used = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            found[f"gpu_{i}_memory_usage_megabytes"] = used.used / 1e6
+            found[f"gpu_{i}_memory_usage_percentage"] = 100 * used.used / used.total
+            found[f"gpu_{i}_utilization_percentage"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    return found
 
 
 class NodeSampler:
@@ -39,20 +56,18 @@ class NodeSampler:
         self.samples: list[dict] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.collectors = _collectors()
         self.thread = threading.Thread(target=self._run, name="NodeSampler", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        gpus = _gpus()
+        psutil.cpu_percent()  # the first reading only starts the count
         while not self.stop.wait(self.interval_s):
-            sample = {"time": time.time(), "step": self.step()}
-            for collector in self.collectors:
-                with contextlib.suppress(Exception):  # a collector that fails once must not end the sampling
-                    collector.collect_metrics()
-                    sample.update({self.prefix + k: v for k, v in collector.aggregate_metrics().items()})
-                    collector.clear_metrics()
+            reading = {"time": time.time(), "step": self.step()}
+            with contextlib.suppress(Exception):
+                reading.update({self.prefix + k: v for k, v in sample(gpus).items()})
             with self.lock:
-                self.samples = [*self.samples[-(MAX_SAMPLES - 1):], sample]
+                self.samples = [*self.samples[-(MAX_SAMPLES - 1):], reading]
 
     def drain(self) -> list[dict]:
         """The samples taken since the last drain."""
