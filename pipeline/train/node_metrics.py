@@ -55,7 +55,7 @@ class NodeSampler:
         self.prefix, self.interval_s, self.step = f"system/{node}/", interval_s, step
         self.samples: list[dict] = []
         self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # never set: the daemon thread ends with the worker process
         self.thread = threading.Thread(target=self._run, name="NodeSampler", daemon=True)
         self.thread.start()
 
@@ -74,7 +74,3 @@ class NodeSampler:
         with self.lock:
             taken, self.samples = self.samples, []
         return taken
-
-    def close(self) -> None:
-        """Stop sampling."""
-        self.stop.set()
