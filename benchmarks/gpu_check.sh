@@ -40,6 +40,7 @@ if [ ! -f "$DATA/manifest.json" ]; then
   [ -n "$found" ] || { echo "gpu_check: no manifest.json in $DATA or a folder under it: run nmt prepare first" >&2; exit 2; }
   DATA=$(dirname "$found")
 fi
+DATA=$(cd "$DATA" && pwd)  # the cuda tests run torchrun from their own folder
 
 step() {  # step NAME LIMIT_S COMMAND...: stdout to OUT/NAME.out, stderr to NAME.err, both to the log, status to NAME.rc
   local name=$1 limit=$2

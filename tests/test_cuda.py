@@ -103,6 +103,11 @@ def test_incremental_decoding_equals_the_full_pass(device):
 
 @pytest.mark.parametrize("direction", ["device-to-cpu", "cpu-to-device"])
 def test_a_checkpoint_moves_between_devices_and_training_continues_alike(device, tmp_path, direction):
+    """Weights and Adam moments arrive bit for bit, and the next step matches one from an in-memory copy.
+
+    Both continuations run on the target device: CPU and GPU kernels differ in the last bits, and
+    Adam turns such differences in near-zero gradients into whole learning-rate steps.
+    """
     source, target = (device, torch.device("cpu")) if direction == "device-to-cpu" else (torch.device("cpu"), device)
     model = _model(source)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -110,15 +115,27 @@ def test_a_checkpoint_moves_between_devices_and_training_continues_alike(device,
     optimizer.step()
     checkpoint.save(tmp_path, 0, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     state = checkpoint.load(tmp_path, map_location=target)
-    moved = _model(target, seed=7)
-    moved_optimizer = torch.optim.Adam(moved.parameters(), lr=1e-3)
-    moved.load_state_dict(state["model"])
-    moved_optimizer.load_state_dict(state["optimizer"])
-    for net, opt, dev in ((model, optimizer, source), (moved, moved_optimizer, target)):
-        _loss_and_grads(net, _batch(dev, seed=2), None)
+    for name, value in model.state_dict().items():
+        assert state["model"][name].device.type == target.type
+        torch.testing.assert_close(state["model"][name].cpu(), value.cpu(), atol=0, rtol=0)
+
+    def continued(model_state, optimizer_state):
+        net = _model(target, seed=7)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        net.load_state_dict(model_state)
+        opt.load_state_dict(optimizer_state)
+        _loss_and_grads(net, _batch(target, seed=2), None)
         opt.step()
-    for a, b in zip(model.parameters(), moved.parameters()):
-        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-5, rtol=1e-4)
+        return net, opt
+
+    moved, moved_optimizer = continued(state["model"], state["optimizer"])
+    copied, copied_optimizer = continued(model.state_dict(), optimizer.state_dict())
+    for a, b in zip(moved.parameters(), copied.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for a, b in zip(moved.parameters(), copied.parameters()):
+        moments, reference = moved_optimizer.state[a], copied_optimizer.state[b]
+        assert moments["exp_avg"].device.type == target.type and int(moments["step"]) == 2
+        torch.testing.assert_close(moments["exp_avg_sq"], reference["exp_avg_sq"], atol=1e-9, rtol=1e-5)
 
 
 def test_prefetched_batches_are_pinned_for_a_gpu(device):

@@ -3,6 +3,7 @@
 
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -189,3 +190,32 @@ def test_on_a_preemption_notice_the_loop_checkpoints_that_update_and_makes_no_ot
     state = checkpoint.load(saved)
     assert state["progress"]["preempted"] and state["progress"]["step"] == last["step"]
     assert ctx.asked == 3 and last["step"] >= 3  # it held at the notice: no question, update or report since
+
+
+def test_tokens_per_update_counts_the_updates_of_a_line_that_spans_an_epoch_end(tmp_path):
+    """A progress window across an epoch boundary divides its tokens by all of its updates."""
+    from small import small_config
+
+    from pipeline.data.prepare import prepare
+    from pipeline.track.tracking import PROGRESS_KEY
+    from pipeline.train.loop import train_loop
+    from pipeline.train.workers import TorchrunContext
+
+    class Recording(TorchrunContext):
+        def __init__(self, root):
+            super().__init__(str(root))
+            self.lines = []
+
+        def report(self, metrics, checkpoint_dir=None):
+            super().report(metrics, checkpoint_dir)
+            self.lines += [*metrics.get(PROGRESS_KEY, []), metrics]
+
+    cfg = small_config(tmp_path, "train.max_steps=60", "train.max_tokens=4096", "train.val_interval=1000", "train.log_every=10",
+                       "train.report_interval_s=0", "train.epochs=100")
+    ctx = Recording(tmp_path / "ckpt")
+    train_loop({"config": cfg.to_dict(), "data_path": prepare(cfg.data).path}, ctx)
+    values = [line["tokens_per_update"] for line in ctx.lines if "tokens_per_update" in line]
+    epochs = {line["epoch"] for line in ctx.lines if "epoch" in line}
+    assert len(values) >= 5 and len(epochs) >= 2  # several lines, some across an epoch's end
+    assert all(0 < value <= cfg.train.target_tokens() for value in values), values
+    assert max(values) < 1.5 * statistics.median(values), values  # counted over fewer updates, one would stand out

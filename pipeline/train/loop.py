@@ -347,7 +347,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
         return
     val_interval = train_cfg.val_interval
     window = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss sum, target tokens since the last line
-    window_start = time.perf_counter()
+    window_start, window_start_step = time.perf_counter(), progress.step  # a window may span an epoch's end
     log_every = train_cfg.log_every
     # Progress values wait here and travel with the next report: ray.train.report is a barrier
     # whose queue Ray Train's controller drains only every couple of seconds, so a report per
@@ -365,7 +365,6 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
         # Resumed on another worker count: each rank's batches differ, so go on from the same share of the epoch.
         position = elastic.rescaled_position(progress.batch_in_epoch, progress.batches_in_epoch, len(batches))
         progress.batches_in_epoch, progress.world_size = len(batches), ctx.world_size
-        window_start_step = progress.step
         with replica.prefetch(batches[position:]) as stream:
             while position < len(batches) and not progress.finished:
                 group = list(itertools.islice(stream, replica.accumulation))
