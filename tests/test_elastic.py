@@ -210,8 +210,8 @@ def test_tokens_per_update_counts_the_updates_of_a_line_that_spans_an_epoch_end(
             super().report(metrics, checkpoint_dir)
             self.lines += [*metrics.get(PROGRESS_KEY, []), metrics]
 
-    cfg = small_config(tmp_path, "train.max_steps=60", "train.max_tokens=4096", "train.val_interval=1000", "train.log_every=10",
-                       "train.report_interval_s=0", "train.epochs=100")
+    cfg = small_config(tmp_path, "train.max_steps=60", "train.max_tokens=4096", "train.val_interval=1000",
+                       "train.log_every=10", "train.report_interval_s=0", "train.epochs=100")
     ctx = Recording(tmp_path / "ckpt")
     train_loop({"config": cfg.to_dict(), "data_path": prepare(cfg.data).path}, ctx)
     values = [line["tokens_per_update"] for line in ctx.lines if "tokens_per_update" in line]

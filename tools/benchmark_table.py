@@ -29,6 +29,17 @@ HEADLINES = [
      "cached: {model_step[decode][base][sentences_per_s_cached]:.1f}",
      "uncached: {model_step[decode][base][sentences_per_s_uncached]:.1f}",
      "{model_step[decode][base][cache_speedup]:.1f}x"),
+    ("gpu_check", "training step on one H200, base preset, bf16, target tokens/s (MFU)",
+     "{gpu_check[base_bf16_eager][train_tokens_per_s]:,.0f} ({gpu_check[base_bf16_eager][mfu]:.1%}); "
+     "compiled: {gpu_check[base_bf16_compiled][train_tokens_per_s]:,.0f} ({gpu_check[base_bf16_compiled][mfu]:.1%})",
+     "`nn.Transformer` of the same size: {gpu_check[base_bf16_eager][nn_transformer_tokens_per_s]:,.0f}; "
+     "compiled: {gpu_check[base_bf16_compiled][nn_transformer_tokens_per_s]:,.0f}",
+     "{gpu_check[base_bf16_eager][train_speed_ratio]:.2f}x; "
+     "compiled {gpu_check[base_bf16_compiled][train_speed_ratio]:.2f}x"),
+    ("gpu_check", "training step on one H200, big preset, bf16, target tokens/s (MFU)",
+     "{gpu_check[big_bf16_eager][train_tokens_per_s]:,.0f} ({gpu_check[big_bf16_eager][mfu]:.1%})",
+     "`nn.Transformer` of the same size: {gpu_check[big_bf16_eager][nn_transformer_tokens_per_s]:,.0f}",
+     "{gpu_check[big_bf16_eager][train_speed_ratio]:.2f}x"),
     ("peer_hf", "training at identical size, target tokens/s",
      "{peer_hf[train_tokens_per_s][ours]:,}", "HF MarianMT: {peer_hf[train_tokens_per_s][hf]:,}",
      "{peer_hf[train_ratio]:.2f}x"),
@@ -79,6 +90,7 @@ HEADLINES = [
      "batch size 1: {serve[batch_1_sentences_per_s]:.1f}",
      "{serve[speedup]:.1f}x; CTranslate2 {serve[ctranslate2_over_pytorch_batched]:.2f}x PyTorch batched"),
 ]
+SCRIPT_FILES = {"gpu_check": "gpu_check.sh"}  # results.json keys whose script is not `<key>.py`
 
 
 def headline_markdown(results: dict) -> str:
@@ -88,7 +100,7 @@ def headline_markdown(results: dict) -> str:
         if script in results:
             day = results[script].get("date", "date not recorded")
             figures = " | ".join(cell.format(**results) for cell in cells)
-            lines.append(f"| `{script}.py` ({day}) | {measure} | {figures} |")
+            lines.append(f"| `{SCRIPT_FILES.get(script, script + '.py')}` ({day}) | {measure} | {figures} |")
     return "\n".join(lines)
 
 
