@@ -70,7 +70,7 @@ def _wait(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def scenario(name: str, storage: str, out: Path) -> dict:
+def scenario(name: str, storage: str, out: Path, deadline_s: float = DEADLINE_S) -> dict:
     """Run one scenario (notice: the loop checks for preemption; none: it never asks) and return its figures."""
     import psutil
     import ray
@@ -107,7 +107,7 @@ def scenario(name: str, storage: str, out: Path) -> dict:
             time.sleep(1)  # mid-interval: without the notice, the updates since the checkpoint are lost
             victim = workers[1]
             events["drained_at"] = time.time()
-            events["deadline"] = drain_for_preemption(cluster.address, victim.node_id, DEADLINE_S)
+            events["deadline"] = drain_for_preemption(cluster.address, victim.node_id, deadline_s)
             # The cloud takes the node at the deadline (Ray Train waits train.preemption_grace_s for it to go).
             time.sleep(max(0.0, events["deadline"] + RECLAIM_AFTER_S - time.time()))
             reclaim(victim)
@@ -167,13 +167,14 @@ def updates_lost(log_text: str) -> dict:
             "updates_lost": max(steps) - int(resumed.group(1))}
 
 
-def run_scenario(name: str, storage: str, out: Path, timeout_s: float = 900) -> tuple[dict, str]:
+def run_scenario(name: str, storage: str, out: Path, timeout_s: float = 900,
+                 deadline_s: float = DEADLINE_S) -> tuple[dict, str]:
     """The scenario in a process of its own (a Cluster cannot share one with another Ray); figures and log."""
     log = out / f"{name}.log"  # for a failure's post-mortem, written as it goes
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, __file__, "--scenario", name, "--storage", storage, "--out",
-                                 str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                 str(out), "--deadline-s", str(deadline_s)], cwd=REPO_ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -191,12 +192,14 @@ def main() -> int:
     parser.add_argument("--scenario", choices=("notice", "none"), help="run one scenario in this process")
     parser.add_argument("--storage", help="storage URI every node shares (default: a local S3 server of its own)")
     parser.add_argument("--out", help="directory for the figures and logs (default: a temporary one)")
+    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S, help="the drain's deadline (default: 20)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="spot-rehearsal-"))
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
     if args.scenario:
-        (out / f"{args.scenario}.json").write_text(json.dumps(scenario(args.scenario, args.storage, out)))
+        figures = scenario(args.scenario, args.storage, out, args.deadline_s)
+        (out / f"{args.scenario}.json").write_text(json.dumps(figures))
         return 0
     s3 = None
     storage = args.storage
@@ -215,9 +218,9 @@ def main() -> int:
         boto3.client("s3").create_bucket(Bucket="spot")
         storage = "s3://spot/rehearsal"
     try:
-        result = {"benchmark": "spot_rehearsal", "cpu_count": os.cpu_count(), "deadline_s": DEADLINE_S}
+        result = {"benchmark": "spot_rehearsal", "cpu_count": os.cpu_count(), "deadline_s": args.deadline_s}
         for name in ("notice", "none"):
-            figures, _ = run_scenario(name, storage, out)
+            figures, _ = run_scenario(name, storage, out, deadline_s=args.deadline_s)
             result[name] = {k: figures.get(k) for k in ("updates_lost", "last_update", "resumed_from", "seconds",
                                                         "tags", "status", "chaos_error")}
         print(json.dumps(result))
