@@ -72,7 +72,7 @@ for preset in $PRESETS; do
     --dtype bf16 $STEP_ARGS --decode-presets ""
 done
 
-# 3. Transformer-Tiny on Multi30k for a fixed wall-clock budget under torchrun (NCCL on a GPU), bf16.
+# 3. The Multi30k sweep's best config (configs/multi30k_en_de.yaml) for a fixed wall-clock budget under torchrun (NCCL on a GPU), bf16.
 rm -rf "$OUT/run"
 step train $((BUDGET + 120)) "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m pipeline.train.loop \
   --config "$ROOT/configs/multi30k_en_de.yaml" --data "$DATA" --checkpoints "$OUT/run" --device "$DEVICE" \

@@ -117,7 +117,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     uri = tracking.connect(cfg.tracking.tracking_uri)
     with tempfile.TemporaryDirectory() as workdir:
-        _, engine = load_engine(uri, _model_uri(args, cfg), args.engine, device, workdir)
+        engine = load_engine(uri, _model_uri(args, cfg), args.engine, device, workdir).translate
         for line in translate(engine, texts, args.beam, progress=bool(args.input) or from_stdin):  # on stderr
             print(line)
     return 0

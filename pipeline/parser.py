@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ref", help="reference translations, one per line")
     evaluate.add_argument("--split", help="a prepared split instead (e.g. test)")
     evaluate.add_argument("--data", help="the prepared dataset for --split (default: the one the model was trained on)")
-    evaluate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    evaluate.add_argument("--beam", type=int, default=None,
+                        help="beam size (default: the model's, train.beam_size when it was registered)")
     evaluate.add_argument("--device", default="auto", help=device_help)
 
     translate = command("translate", "translate sentences with a registered model",
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("text", nargs="*", help="sentences to translate")
     translate.add_argument("--model", help=model_help)
     translate.add_argument("--input", help="a file of sentences, one per line")
-    translate.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    translate.add_argument("--beam", type=int, default=None,
+                        help="beam size (default: the model's, train.beam_size when it was registered)")
     translate.add_argument("--device", default="auto", help=device_help)
 
     export = command("export", "convert a model to CTranslate2 (int8 or float32) and attach it to its model version",

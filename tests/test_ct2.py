@@ -94,3 +94,17 @@ def test_loading_an_export_leaves_pytorch_its_threads(tokenizer, tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_decoding_settings_travel_with_the_model_files_and_the_export(tokenizer, tmp_path):
+    translator = _translator(tokenizer)
+    translator.beam_size, translator.alpha = 3, 1.1  # as chosen on validation (train.beam_size, length_penalty)
+    translator.save(tmp_path / "files")
+    loaded = Translator.from_files(tmp_path / "files", device="cpu")
+    assert (loaded.beam_size, loaded.alpha) == (3, 1.1)
+    assert Translator.from_files(tmp_path / "files", device="cpu", beam_size=2).beam_size == 2  # asked: it wins
+    engine = ct2.Ct2Translator(ct2.export(loaded, tmp_path / "ct2", "float32"))
+    assert (engine.beam_size, engine.alpha) == (3, 1.1)
+    (tmp_path / "files" / "decoding.json").unlink()  # files written before the settings were stored
+    older = Translator.from_files(tmp_path / "files", device="cpu")
+    assert (older.beam_size, older.alpha) == (4, 0.6)

@@ -231,7 +231,7 @@ def _translator_files(champion):
 
 def test_evaluate_scores_a_split_and_logs_a_linked_evaluation_run(champion, capsys):
     settings = ["--set", f"tracking.tracking_uri={champion.uri}", "--set", f"tracking.experiment={champion.experiment}"]
-    assert main(["evaluate", "--split", "test", "--beam", "2", *settings]) == 0
+    assert main(["evaluate", "--split", "test", *settings]) == 0  # no --beam: the model's own settings
     out = capsys.readouterr().out
     assert "BLEU" in out and "nrefs:1|case:mixed" in out and "case:lc" in out and "chrF" in out
     client = MlflowClient(champion.uri)
@@ -239,6 +239,10 @@ def test_evaluate_scores_a_split_and_logs_a_linked_evaluation_run(champion, caps
     run = client.get_run(version.tags["test_eval_run"])
     assert run.data.tags["model_version"] == champion.version and run.data.tags["source_run_id"] == champion.run_id
     assert {"test_bleu", "test_chrf", "test_bleu_lc"} <= set(run.data.metrics)
+    train = champion.cfg.train
+    decoding = {"beam_size": str(train.beam_size), "length_penalty": str(train.length_penalty)}
+    assert {k: run.data.params[k] for k in decoding} == decoding  # what validation used, stored with the version
+    assert {k: version.tags[k] for k in decoding} == decoding
     assert float(version.tags["test_bleu"]) == pytest.approx(run.data.metrics["test_bleu"], abs=0.01)
 
 

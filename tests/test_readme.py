@@ -19,7 +19,7 @@ import benchmark_table  # noqa: E402
 from config_reference import END, START, reference_markdown  # noqa: E402
 
 # The front page and the docs it links to: their commands and paths are checked alike.
-README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 CONFIG_DOC = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 REGENERATE = "regenerate it: .venv/bin/python tools/config_reference.py --write"
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)

@@ -180,7 +180,8 @@ def test_a_sentence_that_fails_the_model_fails_only_its_own_request(champion):
     from pipeline.serve.commands import load_engine
     from pipeline.serve.service import translate_apart
 
-    _, engine = load_engine(champion.uri, f"models:/{champion.model_name}/{champion.version}", "pytorch", "cpu", "")
+    model_uri = f"models:/{champion.model_name}/{champion.version}"
+    engine = load_engine(champion.uri, model_uri, "pytorch", "cpu", "").translate
 
     def failing_on_one_sentence(texts, beam):  # a fault where the model is called
         if "boom" in texts:
@@ -313,13 +314,16 @@ def test_healthz(service, champion):
     assert status == 200
     assert body["status"] == "ok" and body["model_version"] == champion.version
     assert body["engine"] == "pytorch"  # auto, and the champion has no CTranslate2 export
+    # Requests without a beam_size decode as the model was validated: the settings stored with it.
+    assert (body["beam_size"], body["length_penalty"]) == (champion.cfg.train.beam_size,
+                                                            champion.cfg.train.length_penalty)
 
 
 def test_parse_request_limits():
     from pipeline.serve.service import BadRequest, parse_request
 
     assert parse_request(b'{"texts": ["a", ""], "beam_size": 3}', 4, 10) == (["a", ""], 3)
-    assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], 4)
+    assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], None)  # the model's own beam size
     with pytest.raises(BadRequest) as err:
         parse_request(b"x" * 100_000, 4, 10)
     assert err.value.status == 413

@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..common import log
 from ..common.devices import resolve_device
@@ -22,11 +22,20 @@ PROGRESS_EVERY_S = 5.0
 logger = log.get("translate")
 
 
-Engine = Callable[[list[str], int], list[str]]  # (texts, beam size) -> translations
+Engine = Callable[[list[str], int | None], list[str]]  # (texts, beam size or None: the model's) -> translations
 
 
-def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str) -> tuple[str, Engine]:
-    """(engine name, translate function) for a model: its packaged PyTorch model or its CTranslate2 export.
+class LoadedEngine(NamedTuple):
+    """A model ready to translate, and the decoding settings it uses unless told otherwise."""
+
+    name: str  # pytorch or ctranslate2
+    translate: Engine
+    beam_size: int
+    alpha: float
+
+
+def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str) -> LoadedEngine:
+    """A model's packaged PyTorch model or its CTranslate2 export, decoding as the model was validated.
 
     "auto" takes CTranslate2 when the package is installed and the model version has an export.
     """
@@ -39,12 +48,14 @@ def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str
 
             on_gpu = resolve_device(device).type == "cuda"
             ct2 = Ct2Translator(directory, device="cuda" if on_gpu else "cpu")
-            return "ctranslate2", lambda texts, beam: ct2.translate(texts, beam_size=beam)
+            return LoadedEngine("ctranslate2", lambda texts, beam: ct2.translate(texts, beam_size=beam),
+                                ct2.beam_size, ct2.alpha)
         if engine == "ctranslate2":
             raise UserError(f"{model_uri} has no CTranslate2 export: run `nmt export --model {model_uri}` first "
                             "(it needs a registered model version: models:/NAME/VERSION or models:/NAME@ALIAS)")
     translator = registry.load_translator(uri, model_uri, device=device)
-    return "pytorch", lambda texts, beam: translator.translate(texts, beam_size=beam)
+    return LoadedEngine("pytorch", lambda texts, beam: translator.translate(texts, beam_size=beam),
+                        translator.beam_size, translator.alpha)
 
 
 def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tuple[Path, Any]:
@@ -60,7 +71,7 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
     return directory, version
 
 
-def translate(engine: Engine, texts: list[str], beam_size: int, batch_size: int = 32,
+def translate(engine: Engine, texts: list[str], beam_size: int | None, batch_size: int = 32,
               progress: bool = False) -> list[str]:
     """Translations in batches, with progress: a bar on a terminal, elsewhere a line every few seconds."""
     out: list[str] = []
@@ -97,7 +108,8 @@ def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], l
     return table.column("src").to_pylist(), table.column("tgt").to_pylist(), path
 
 
-def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int, src_file: str | None = None,
+def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int | None,
+             src_file: str | None = None,
              ref_file: str | None = None, split: str | None = None, data_dir: str | None = None,
              device: str = "auto", engine: str = "auto") -> dict:
     """Translate, score with sacreBLEU, log an evaluation run linked to the model version; returns the scores."""
@@ -114,9 +126,11 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
             raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}: "
                             f"they must pair line by line")
     with tempfile.TemporaryDirectory() as workdir:
-        engine, translate_fn = load_engine(uri, model_uri, engine, device, workdir)
-        logger.info(f"translating {len(sources)} sentences with {engine} (beam {beam_size})")
-        hypotheses = translate(translate_fn, sources, beam_size, progress=True)
+        loaded = load_engine(uri, model_uri, engine, device, workdir)
+        engine, beam_size = loaded.name, beam_size or loaded.beam_size
+        logger.info(f"translating {len(sources)} sentences with {engine} (beam {beam_size}, length penalty "
+                    f"{loaded.alpha})")
+        hypotheses = translate(loaded.translate, sources, beam_size, progress=True)
     check_counts(hypotheses, references)
     scores = score_with_signatures(hypotheses, references)
     label = split or Path(src_file).stem
@@ -125,7 +139,8 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int,
         tags.update({"registered_model": version.name, "model_version": str(version.version),
                      "source_run_id": version.run_id or ""})
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
-    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", {"beam_size": beam_size}, tags,
+    decoding = {"beam_size": beam_size, "length_penalty": loaded.alpha}
+    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", decoding, tags,
                                 source="nmt evaluate")
     reports.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
     with tempfile.TemporaryDirectory() as tmp:

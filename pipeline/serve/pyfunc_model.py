@@ -46,9 +46,10 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     # The DataFrame hint tells MLflow to validate nothing beyond the signature (it warns on every load
     # without a hint); called directly, predict takes a list of strings or one string as well.
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        """A `translation` column, one row per source sentence; params beam_size, max_len (0: src + 50)."""
+        """A `translation` column per source sentence; params beam_size (0: the model's), max_len (0: src + 50)."""
         params = params or {}
-        beam_size, max_len = int(params.get("beam_size") or 4), int(params.get("max_len") or 0)
+        beam_size = int(params.get("beam_size") or self.translator.beam_size)
+        max_len = int(params.get("max_len") or 0)
         if not 1 <= beam_size <= 64:
             raise _bad_input(f"beam_size must be between 1 and 64, got {beam_size}")
         texts = _texts(model_input)

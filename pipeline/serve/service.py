@@ -26,7 +26,6 @@ from ..track import tracking
 from ..track.registry import champion_uri
 from ..track.tracking import redact
 
-DEFAULT_BEAM_SIZE = 4
 MAX_BEAM_SIZE = 16  # beam search cost grows with the beam; larger beams are for offline `nmt evaluate`
 FIELDS = ("texts", "beam_size")
 APP_NAME = "nmt"
@@ -68,8 +67,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str], int]:
-    """(texts, beam_size) of a /translate body, or BadRequest saying what is wrong with it."""
+def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str], int | None]:
+    """(texts, beam_size or None) of a /translate body, or BadRequest saying what is wrong with it."""
     if len(body) > body_limit(max_texts, max_chars):
         raise BadRequest(413, f"request body of {len(body)} bytes is too large")
     try:
@@ -93,7 +92,9 @@ def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str
         raise BadRequest(413, f'"texts" has {len(texts)} items; at most {max_texts} per request')
     for i, text in enumerate(texts):
         _check_text(i, text, max_chars)
-    beam_size = payload.get("beam_size", DEFAULT_BEAM_SIZE)
+    beam_size = payload.get("beam_size")  # absent: the model's own, stored with it at registration
+    if beam_size is None:
+        return texts, None
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
         raise BadRequest(400, f'"beam_size" must be an integer from 1 to {MAX_BEAM_SIZE}, got {beam_size!r}')
     return texts, beam_size
@@ -167,7 +168,9 @@ class TranslationService:
         # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU. A CTranslate2 model is
         # read into memory when loaded, so its downloaded files can go.
         with tempfile.TemporaryDirectory() as workdir:
-            self.engine, self._engine = load_engine(tracking_uri, model_uri, engine, "auto", workdir)
+            loaded = load_engine(tracking_uri, model_uri, engine, "auto", workdir)
+            self.engine, self._engine = loaded.name, loaded.translate
+            self.beam_size, self.alpha = loaded.beam_size, loaded.alpha  # a request without beam_size decodes so
         self._translate_one.set_max_batch_size(max_batch_size)
         self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)
@@ -176,6 +179,7 @@ class TranslationService:
     async def healthz(self) -> dict[str, Any]:
         """Liveness and the model served; a replica answers only after its model has loaded."""
         return {"status": "ok", "model_uri": self.model_uri, "model_version": self.version, "engine": self.engine,
+                "beam_size": self.beam_size, "length_penalty": self.alpha,
                 "mean_batch_size": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else None}
 
     @api.post("/translate")
@@ -184,6 +188,7 @@ class TranslationService:
         try:
             body = await read_body(request, body_limit(self.max_texts, self.max_chars))
             texts, beam_size = parse_request(body, self.max_texts, self.max_chars)
+            beam_size = beam_size or self.beam_size
         except BadRequest as err:
             return JSONResponse({"error": err.message}, status_code=err.status)
         try:

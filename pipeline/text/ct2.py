@@ -22,7 +22,7 @@ from model.decoding import MAX_LEN_OFFSET  # outputs up to the source length + 5
 
 from ..common.errors import UserError
 from .tokenizer import BOS_ID, PAD_ID, Tokenizer
-from .translator import Translator
+from .translator import Translator, read_decoding, write_decoding
 
 QUANTIZATIONS = ("int8", "float32")
 
@@ -116,8 +116,13 @@ def _pieces(processor) -> list[str]:
 def export(translator: Translator, directory: str | Path, quantization: str = "int8") -> Path:
     """Write the translator as a CTranslate2 model directory, its SentencePiece model(s) included."""
     tokenizer = translator.tokenizer
+
+    def also(where: Path) -> None:
+        tokenizer.save(where)
+        write_decoding(where, translator.beam_size, translator.alpha)
+
     return write_model(translator.model, _pieces(tokenizer.src), _pieces(tokenizer.tgt), directory, quantization,
-                       also=tokenizer.save)
+                       also=also)
 
 
 def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], directory: str | Path,
@@ -181,11 +186,13 @@ def load_engine(directory: str | Path, device: str = "cpu", threads: int = 0):
 class Ct2Translator:
     """Translations with a CTranslate2 model directory from export(): the same calls as Translator."""
 
-    def __init__(self, directory: str | Path, device: str = "cpu", beam_size: int = 4, alpha: float = 0.6,
-                 threads: int = 0):
+    def __init__(self, directory: str | Path, device: str = "cpu", beam_size: int | None = None,
+                 alpha: float | None = None, threads: int = 0):
         self.engine = load_engine(directory, device, threads)
         self.tokenizer = Tokenizer.load(directory)
-        self.beam_size, self.alpha = beam_size, alpha
+        stored = read_decoding(Path(directory))  # the export's settings; 4 and 0.6 for exports without them
+        self.beam_size = beam_size or stored.get("beam_size", 4)
+        self.alpha = stored.get("alpha", 0.6) if alpha is None else alpha
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len: int | None = None, batch_size: int = 64) -> list[str]:

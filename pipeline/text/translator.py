@@ -18,6 +18,23 @@ from ..common.devices import resolve_device
 from .tokenizer import PAD_ID, Tokenizer
 
 WEIGHTS_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+DECODING_FILE = "decoding.json"  # the beam size and length penalty the model was validated with
+
+
+def write_decoding(directory: Path, beam_size: int, alpha: float) -> Path:
+    """The decoding settings as JSON beside a model's files, so every engine decodes as validation did."""
+    path = Path(directory) / DECODING_FILE
+    path.write_text(json.dumps({"beam_size": beam_size, "length_penalty": alpha}, indent=2))
+    return path
+
+
+def read_decoding(directory: Path) -> dict:
+    """{beam_size, alpha} stored with a model; {} for files written before settings were stored."""
+    path = Path(directory) / DECODING_FILE
+    if not path.is_file():
+        return {}
+    stored = json.loads(path.read_text())
+    return {"beam_size": int(stored["beam_size"]), "alpha": float(stored["length_penalty"])}
 
 
 @torch.no_grad()
@@ -90,10 +107,11 @@ class Translator:
 
         directory = Path(directory)
         config = TransformerConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
+        options = {**read_decoding(directory), **options}
         return cls.from_state(load_file(directory / WEIGHTS_FILE), config, Tokenizer.load(directory), **options)
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write the weights (safetensors: no pickle), the config (JSON) and the tokenizer: no Python objects."""
+        """Write the weights (safetensors: no pickle), the config and decoding settings (JSON) and the tokenizer."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
@@ -102,7 +120,8 @@ class Translator:
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()}
         save_file(weights, directory / WEIGHTS_FILE)
         (directory / CONFIG_FILE).write_text(json.dumps(self.model.cfg.to_dict(), indent=2))
-        return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, *self.tokenizer.save(directory)]
+        decoding = write_decoding(directory, self.beam_size, self.alpha)
+        return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, decoding, *self.tokenizer.save(directory)]
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len: int | None = None, batch_size: int = 64,

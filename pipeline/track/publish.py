@@ -87,6 +87,7 @@ def publish(cfg: Config, uri: str, run_id: str, best, metrics: dict, manifest: M
     log_run_report(uri, run_id, translator, manifest, title=cfg.tracking.experiment)
     if not register:
         return None
-    tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path}
+    tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path,
+            "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
     return registry.register(uri, run_id, translator, name, float(metrics["val_bleu"]), tags,
                              example=validation_sample(manifest, 1)[0][0])
