@@ -121,3 +121,27 @@ def test_the_readme_demo_transcript_is_cut_from_the_committed_capture():
     for line in shown:
         pattern = re.compile(re.escape(line).replace(re.escape("..."), ".*"))
         assert any(pattern.fullmatch(real) for real in capture), f"not in docs/demo-output.txt: {line!r}"
+
+
+def _demo_capture(name: str) -> tuple[float, int, float]:
+    """(minutes, lines, test BLEU) of a committed `nmt demo` capture."""
+    text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+    minutes = float(re.search(r"^Done in ([0-9.]+) min", text, re.MULTILINE).group(1))
+    bleu = float(re.search(r"^test BLEU ([0-9.]+),", text, re.MULTILINE).group(1))
+    return minutes, len(text.splitlines()), bleu
+
+
+def test_the_readme_demo_figures_are_those_of_the_committed_captures():
+    page = (ROOT / "README.md").read_text(encoding="utf-8")
+    minutes, lines, bleu = _demo_capture("demo-output.txt")
+    said = re.search(r"takes about ([0-9.]+) minutes and prints about (\d+) lines", page)
+    assert said, "the README no longer says how long `make demo` takes"
+    assert abs(float(said[1]) - minutes) <= 0.15 * minutes and abs(int(said[2]) - lines) <= 0.05 * lines, \
+        (said.groups(), minutes, lines)
+    assert f"test BLEU {bleu:.1f}" in page, bleu
+    minutes, lines, bleu = _demo_capture("demo-quick-output.txt")
+    said = re.search(r"about ([0-9.]+) minutes and (\d+) lines \(\[docs/demo-quick-output.txt\].*?"
+                     r"at least 5 \(about (\d+) in that run\)", page, re.DOTALL)
+    assert said, "the README no longer states the quick demo's figures next to its capture"
+    assert abs(float(said[1]) - minutes) <= 0.15 * minutes and int(said[2]) == lines and \
+        abs(int(said[3]) - bleu) <= 1, (said.groups(), minutes, lines, bleu)

@@ -60,15 +60,15 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     print(format_trials(outcome))
     model_uri = champion_uri(cfg.tracking.registered_model)
     _banner(3, 4, f"test BLEU of the champion ({model_uri})")
-    scores = evaluate(uri, cfg.tracking.experiment, model_uri, cfg.train.beam_size, split="test")
+    scores = evaluate(uri, cfg.tracking.experiment, model_uri, None, split="test")  # decoding stored with the model
     print(f"test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}  ({scores['bleu_signature']})")
     _banner(4, 4, "example translations from the test split")
     from ..serve.commands import split_texts
 
     sources, references, _ = split_texts(model_version(uri, model_uri), "test", None)
     with tempfile.TemporaryDirectory() as scratch:  # where a CTranslate2 export would be downloaded to
-        _, engine = load_engine(uri, model_uri, "auto", "auto", scratch)
-        hypotheses = translate(engine, sources[:EXAMPLES], cfg.train.beam_size)
+        engine = load_engine(uri, model_uri, "auto", "auto", scratch).translate
+        hypotheses = translate(engine, sources[:EXAMPLES], None)
     for src, ref, hyp in zip(sources, references, hypotheses):
         print(f"  en : {src}\n  de*: {ref}\n  out: {hyp}\n")
     minutes = (time.perf_counter() - started) / 60
