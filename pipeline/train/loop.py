@@ -33,6 +33,8 @@ from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from . import elastic, parent
 from .node_metrics import NodeSampler
 from .prefetch import Batch, BatchPrefetcher
+from .progress_window import HeldReports, Window
+from .schedule import Due, Schedule
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
 logger = log.get("train")
@@ -160,6 +162,20 @@ class Replica:
             logger.info(f"resumed from step {self.progress.step} (epoch {self.progress.epoch}, "
                         f"batch {self.progress.batch_in_epoch}) after a {self.restart['cause']}, on "
                         f"{self.ctx.world_size} worker(s) (was {self.restart['from_workers']})")
+
+    def announce(self) -> None:
+        """The run's first line: workers, device, process group, data on this rank, accumulation, precision."""
+        if self.ctx.is_main:
+            group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
+            logger.info(f"{self.ctx.world_size} worker(s), rank 0 on {self.ctx.device}, process group: {group}, "
+                        f"{len(self.shard):,} training pairs on this rank, {self.accumulation} batch(es) per update, "
+                        f"amp {self.amp_dtype or 'off'}")
+
+    def epoch_position(self, batches: int) -> int:
+        """Where this epoch goes on: after a resize, the same share of the epoch (each rank's batches differ)."""
+        position = elastic.rescaled_position(self.progress.batch_in_epoch, self.progress.batches_in_epoch, batches)
+        self.progress.batches_in_epoch, self.progress.world_size = batches, self.ctx.world_size
+        return position
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
@@ -331,106 +347,64 @@ def _eta(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
+def _progress_line(replica: Replica, schedule: Schedule, window: Window, held: HeldReports, due: Due,
+                   end_of_epoch: bool) -> None:
+    """The line's metrics, then a validation and checkpoint, an early report, or the values held back."""
+    progress, ctx = replica.progress, replica.ctx
+    metrics = {**window.close(progress.step), "train_seconds": progress.train_seconds, **replica.position_metrics(),
+               **replica.restart_metrics(), "time": time.time()}  # a restart shows in the metrics
+    if ctx.is_main:
+        logger.info(f"step {progress.step}/{schedule.total} epoch {progress.epoch + 1} "
+                    f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} {metrics['tokens_per_s']:,.0f} tok/s "
+                    f"ETA {_eta(schedule.remaining_s(progress.step, progress.train_seconds))}")
+    if due.validate:
+        if end_of_epoch and not progress.finished:
+            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+        metrics.update(replica.validate())
+        progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
+        if ctx.is_main:
+            logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                        f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+        final = progress.finished and not replica.will_average()
+        held.flush(lambda earlier: replica.report(metrics, earlier, final=final))
+    elif due.report:
+        held.flush(lambda earlier: replica.send({**metrics, PROGRESS_KEY: earlier}))
+    else:
+        held.hold(metrics)
+    window.restart(progress.step)
+
+
 def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     """Entry point on every worker: rebuild the config, train, validate, report, until done."""
     log.setup(loop_config.get("log_level", logging.INFO), process_stderr=True)  # a worker process of its own
-    cfg = config_from_dict(loop_config["config"])
     ctx = ctx or RayContext()
-    replica = Replica(cfg, loop_config["data_path"], ctx, loop_config.get("init"), loop_config.get("attempt", ""))
-    progress, train_cfg = replica.progress, cfg.train
-    if ctx.is_main:
-        group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
-        logger.info(f"{ctx.world_size} worker(s), rank 0 on {ctx.device}, process group: {group}, "
-                    f"{len(replica.shard):,} training pairs on this rank, {replica.accumulation} batch(es) per update, "
-                    f"amp {replica.amp_dtype or 'off'}")
-    if progress.finished:
+    replica = Replica(config_from_dict(loop_config["config"]), loop_config["data_path"], ctx, loop_config.get("init"),
+                      loop_config.get("attempt", ""))
+    replica.announce()
+    progress, schedule = replica.progress, Schedule(replica.train_cfg, ctx.device)
+    if progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
         return
-    val_interval = train_cfg.val_interval
-    window = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss sum, target tokens since the last line
-    window_start, window_start_step = time.perf_counter(), progress.step  # a window may span an epoch's end
-    log_every = train_cfg.log_every
-    # Progress values wait here and travel with the next report: ray.train.report is a barrier
-    # whose queue Ray Train's controller drains only every couple of seconds, so a report per
-    # progress line would stall training (2 s per report on CPU, as long on a GPU).
-    earlier: list[dict] = list(replica.replayed)
-    last_report = time.monotonic()
-    total = end_step = None
-    notices = elastic.NoticeCadence(train_cfg.preemption_check_s, first_every=log_every)
+    window, held = Window(ctx.device, progress.step), HeldReports(replica.replayed, replica.train_cfg.report_interval_s)
     while not progress.finished:
         batches = replica.epoch_batches(progress.epoch)
-        total = total or replica.total_steps(len(batches))
-        end_step = end_step or total  # the cooldown's end; under a time budget, re-estimated as it goes
-        run_start_step, run_start = progress.step, time.perf_counter()
-        seconds_before = progress.train_seconds
-        # Resumed on another worker count: each rank's batches differ, so go on from the same share of the epoch.
-        position = elastic.rescaled_position(progress.batch_in_epoch, progress.batches_in_epoch, len(batches))
-        progress.batches_in_epoch, progress.world_size = len(batches), ctx.world_size
+        schedule.begin_epoch(progress.step, progress.train_seconds, replica.total_steps(len(batches)))
+        position = replica.epoch_position(len(batches))
         with replica.prefetch(batches[position:]) as stream:
             while position < len(batches) and not progress.finished:
                 group = list(itertools.islice(stream, replica.accumulation))
-                window += replica.update(group)
+                window.add(replica.update(group))
                 position += len(group)
                 progress.step, progress.batch_in_epoch = progress.step + 1, position
-                replica.cool_down(progress.step, end_step)
-                end_of_epoch = position >= len(batches)
-                out_of_steps = bool(train_cfg.max_steps) and progress.step >= train_cfg.max_steps
-                progress.train_seconds = seconds_before + time.perf_counter() - run_start
-                if notices.due(progress.step) and (notice := ctx.preemption_notice()) is not None:
-                    replica.checkpoint_and_hold(notice, earlier)
-                    earlier, last_report = [], time.monotonic()
-                progress_line = progress.step % log_every == 0
-                due = (val_interval and progress.step % val_interval == 0) or (not val_interval and end_of_epoch)
-                report_due = False
-                if progress_line or due:
-                    # Every rank must stop at the same step (or the next all-reduce hangs) and report
-                    # together (a report is a barrier): one all-reduce agrees on both.
-                    out_of_time, report_due, elapsed_ms = all_reduce_max(
-                        [int(bool(train_cfg.time_budget_s) and progress.train_seconds >= train_cfg.time_budget_s),
-                         int(time.monotonic() - last_report >= train_cfg.report_interval_s),
-                         int(progress.train_seconds * 1000)], replica.ctx.device)
-                    out_of_steps |= bool(out_of_time)
-                    notices.retune(progress.step, elapsed_ms / 1000)
-                    if train_cfg.time_budget_s and elapsed_ms:  # the same estimate on every rank, or replicas drift
-                        end_step = min(total, round(progress.step * train_cfg.time_budget_s * 1000 / elapsed_ms))
-                if end_of_epoch and progress.epoch + 1 >= train_cfg.epochs or out_of_steps:
-                    progress.finished = True
-                if not (progress_line or due or progress.finished):
-                    continue
-                window_loss, window_tokens = all_reduce_(window).tolist()  # the one host sync per line
-                window.zero_()
-                elapsed = time.perf_counter() - window_start
-                rate = (progress.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
-                metrics = {"train_loss": window_loss / max(window_tokens, 1), "tokens_per_s": window_tokens / elapsed,
-                           "tokens_per_update": window_tokens / max(progress.step - window_start_step, 1),
-                           "train_seconds": progress.train_seconds, **replica.position_metrics(),
-                           **replica.restart_metrics(), "time": time.time()}  # a restart shows in the metrics
-                if ctx.is_main:
-                    remaining = (total - progress.step) / max(rate, 1e-9)
-                    if train_cfg.time_budget_s:
-                        remaining = min(remaining, train_cfg.time_budget_s - progress.train_seconds)
-                    logger.info(f"step {progress.step}/{total} epoch {progress.epoch + 1} "
-                                f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} "
-                                f"{metrics['tokens_per_s']:,.0f} tok/s ETA {_eta(max(remaining, 0.0))}")
-                if due or progress.finished:
-                    if end_of_epoch and not progress.finished:
-                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-                    metrics.update(replica.validate())
-                    progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
-                    if ctx.is_main:
-                        logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
-                    replica.report(metrics, earlier, final=progress.finished and not replica.will_average())
-                elif report_due:
-                    replica.send({**metrics, PROGRESS_KEY: earlier})
-                else:
-                    earlier.append(metrics)
-                if due or progress.finished or report_due:
-                    earlier, last_report = [], time.monotonic()
-                window_start, window_start_step = time.perf_counter(), progress.step  # windows leave validation out
+                progress.train_seconds = schedule.train_seconds()
+                replica.cool_down(progress.step, schedule.end_step)
+                if schedule.notices.due(progress.step) and (notice := ctx.preemption_notice()) is not None:
+                    held.flush(lambda earlier: replica.checkpoint_and_hold(notice, earlier))
+                due = schedule.after_update(progress, position >= len(batches), held.waited())
+                if due.line:
+                    _progress_line(replica, schedule, window, held, due, end_of_epoch=position >= len(batches))
         if not progress.finished and progress.batch_in_epoch >= len(batches):
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-    best = max(h["val_bleu"] for h in progress.history) if progress.history else -1.0
-    replica.average_and_report(best)
+    replica.average_and_report(max((h["val_bleu"] for h in progress.history), default=-1.0))
 
 
 def main(argv: list[str] | None = None) -> None:
