@@ -23,7 +23,7 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from pipeline.data.batching import padding_efficiency, random_batches, token_budget_batches  # noqa: E402
+from pipeline.train.batching import padding_efficiency, random_batches, token_budget_batches  # noqa: E402
 
 
 def default_data_dir() -> Path:

@@ -129,7 +129,7 @@ def _load(data_dir: str, workers: int, mode: str) -> None:
     """(In a fresh process) load rank 0's shard as `mode` and print the figures as JSON."""
     import pipeline.train.workers  # noqa: F401  (torch and the reader imported before measuring)
     from pipeline.data.manifest import load_manifest
-    from pipeline.data.shard import COLUMNS
+    from pipeline.train.shard import COLUMNS
 
     before = psutil.Process().memory_info().rss
     start = time.perf_counter()
@@ -188,7 +188,7 @@ def _shard(data_dir: str, workers: int):
 
 def collate_figures(shard, batch_tokens: int, batches: int = 200) -> dict:
     """Milliseconds per batch: TokenShard.collate against list_collate, on the same batches, alternating."""
-    from pipeline.data.batching import token_budget_batches
+    from pipeline.train.batching import token_budget_batches
 
     chosen = token_budget_batches(shard.src.lengths, shard.tgt.lengths, batch_tokens)[:batches]
     lists = [([shard.src.ids(i).tolist() for i in b], [shard.tgt.ids(i).tolist() for i in b]) for b in chosen]
@@ -210,7 +210,7 @@ def step_figures(shard, updates: int, block: int = 10) -> dict:
 
     from model import Transformer, label_smoothed_cross_entropy
     from pipeline.config import load_config
-    from pipeline.data.batching import token_budget_batches
+    from pipeline.train.batching import token_budget_batches
 
     cfg = load_config(str(REPO_ROOT / "configs" / "demo.yaml"), [])
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import require_multi30k
 
-from pipeline.data.batching import (
+from pipeline.train.batching import (
     batch_cost,
     equalize_batch_count,
     padding_efficiency,

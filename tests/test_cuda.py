@@ -18,10 +18,10 @@ import torch
 
 from model import Transformer, TransformerConfig, label_smoothed_cross_entropy
 from pipeline.common import checkpoint
-from pipeline.data.shard import TokenShard
 from pipeline.text.tokenizer import train_tokenizer
 from pipeline.text.translator import Translator, translate_ids
 from pipeline.train.prefetch import BatchPrefetcher
+from pipeline.train.shard import TokenShard
 
 pytestmark = pytest.mark.cuda
 ROOT = Path(__file__).resolve().parents[1]

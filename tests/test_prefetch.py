@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data.shard import TokenShard
 from pipeline.train.prefetch import BatchPrefetcher
+from pipeline.train.shard import TokenShard
 
 
 def _shard(n=50, seed=0):

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.data.batching import batch_cost
-from pipeline.data.shard import TokenShard
+from pipeline.train.batching import batch_cost
+from pipeline.train.shard import TokenShard
 
 
 def _reference_collate(sources, targets, pad=0, bos=2, eos=3):

@@ -24,17 +24,17 @@ from model import Transformer, average_checkpoints, cooldown_factor, label_smoot
 from ..common import checkpoint, log, storage
 from ..common.errors import UserError
 from ..config import Config, config_from_dict
-from ..data.batching import equalize_batch_count, token_budget_batches
 from ..data.manifest import load_manifest
-from ..data.shard import COLUMNS, TokenShard
 from ..text.metrics import score
 from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from . import elastic, parent
+from .batching import equalize_batch_count, token_budget_batches
 from .node_metrics import NodeSampler
 from .prefetch import Batch, BatchPrefetcher
 from .progress_window import HeldReports, Window
 from .schedule import Due, Schedule
+from .shard import COLUMNS, TokenShard
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
 logger = log.get("train")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..data.shard import TokenShard
+from .shard import TokenShard
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src, tgt_in, tgt_out
 _DONE = object()

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..common import storage
 from ..common.devices import resolve_device
-from ..data.shard import TokenShard
+from .shard import TokenShard
 
 
 def unwrap(model: nn.Module) -> nn.Module:
