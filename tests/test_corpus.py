@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig
-from pipeline.data.corpus import CorpusError, source_fingerprint
+from pipeline.data.corpus import source_fingerprint
 from pipeline.data.sources import parquet_source, read_corpus
 from pipeline.data.textfiles import LineFormat, index_file, read_lines, read_lines_at, run_here
 

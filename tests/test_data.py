@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig, load_config
-from pipeline.data.corpus import CorpusError
 from pipeline.data.encode import EncodeBatch, encode_table, length_counts, normalize
 from pipeline.data.manifest import load_manifest
 from pipeline.data.prepare import prepare, split_entries

@@ -121,7 +121,7 @@ def _write_hub_parquet(uri: str, pairs: list[tuple[str, str]]) -> None:
 
 def test_s3_corpus_prepares_from_hub_parquet_shards_and_names_the_file_and_line_of_a_bad_s3_line(
         ray_session, s3_bucket, tmp_path):
-    from pipeline.data.corpus import CorpusError
+    from pipeline.common.errors import CorpusError
     from pipeline.data.demo_corpus import demo_corpus
 
     corpus = f"{s3_bucket}/corpora-{uuid.uuid4().hex[:8]}"

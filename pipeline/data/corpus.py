@@ -16,14 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ..common import storage
-from ..common.errors import UserError
+from ..common.errors import CorpusError
 from ..config import DataConfig
 
 SPLITS = ("train", "validation", "test")
-
-
-class CorpusError(UserError):
-    """A corpus file that cannot be read as a parallel corpus; the message names file and line."""
 
 
 def _table(src: list[str], tgt: list[str]) -> pa.Table:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common import storage
+from ..common.errors import CorpusError
 from ..text.tokenizer import Tokenizer
-from .corpus import CorpusError
 
 MANIFEST = "manifest.json"
 VERSION_PREFIX = "v-"  # on object storage, each preparation's files sit under a version prefix of their own

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..common import storage
+from ..common.errors import CorpusError
 from ..config import DataConfig
-from .corpus import CorpusError, field_keys, pick_columns
+from .corpus import field_keys, pick_columns
 
 
 def _top_columns(cfg: DataConfig) -> list[str]:

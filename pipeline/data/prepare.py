@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..common import log, storage
-from ..common.errors import UserError
+from ..common.errors import CorpusError, UserError
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
-from .corpus import CorpusError, check_source, source_fingerprint
+from .corpus import check_source, source_fingerprint
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
 from .manifest import FORMAT_VERSION, MANIFEST, VERSION_PREFIX, Manifest, list_files, load_manifest
 from .sources import TableSource, open_source, plan_blocks, tokenizer_sample

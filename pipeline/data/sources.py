@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..common import storage
+from ..common.errors import CorpusError
 from ..config import DataConfig
-from .corpus import CorpusError, check_source, field_keys, read_tables, split_files
+from .corpus import check_source, field_keys, read_tables, split_files
 from .parquetfiles import ParquetReader, check_parquet
 from .textfiles import LineFormat, LineIndex, index_file, read_pairs, run_here
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..common import storage
-from .corpus import CorpusError
+from ..common.errors import CorpusError
 
 CHUNK_BYTES = 64 << 20  # bytes one scan checks: large enough that a task's fixed cost is small
 BOM = b"\xef\xbb\xbf"
