@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import re
 import types
 import typing
@@ -198,6 +200,14 @@ class Config:
     def flat(self) -> dict[str, Any]:
         """Dotted keys ("train.warmup_steps") to values, as --set and search spaces name them."""
         return dict(_flatten(self.to_dict()))
+
+    def digest(self, sections: tuple[str, ...], leave_out: tuple[str, ...] = (), extra: str = "") -> str:
+        """10 hex digits of the sections' settings (less dotted leave_out keys, plus extra): a stable name part."""
+        settings = {k: v for k, v in self.to_dict().items() if k in sections}
+        for dotted in leave_out:
+            section, key = dotted.split(".")
+            settings[section] = {k: v for k, v in settings[section].items() if k != key}
+        return hashlib.sha256((json.dumps(settings, sort_keys=True) + extra).encode()).hexdigest()[:10]
 
     def check(self, where: str = "<config>") -> Config:
         """Limits that span keys; returns self."""

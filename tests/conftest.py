@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 
 import pytest
+
+from pipeline.common.environment import environment  # noqa: F401 (tests import it from here)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
@@ -173,25 +174,6 @@ def stop_process(process, timeout_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout_s)
-
-
-def _set_environment(values: dict[str, str | None]) -> None:
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@contextlib.contextmanager
-def environment(**values: str | None):
-    """os.environ with values set (None: unset) inside the block, restored afterwards."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        _set_environment(values)
-        yield
-    finally:
-        _set_environment(saved)
 
 
 def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None,

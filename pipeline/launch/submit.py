@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import yaml
 
 from ..common import log, storage
+from ..common.environment import environment
 from ..common.errors import UserError
 from ..track.tracking import configured_tracking_uri, split_credentials
 from . import job_env
@@ -282,15 +283,8 @@ def _client(address: str):
             logging.getLogger(name).setLevel(level)  # after the import: Ray's modules set INFO when imported
 
     # Ray lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override an explicit address; here --address wins.
-    saved = os.environ.get("RAY_API_SERVER_ADDRESS")
-    os.environ["RAY_API_SERVER_ADDRESS"] = address
-    try:
+    with environment(RAY_API_SERVER_ADDRESS=address):
         return JobSubmissionClient(address)
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-        else:
-            os.environ["RAY_API_SERVER_ADDRESS"] = saved
 
 
 def _check_listening(address: str, timeout_s: float = 10.0) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import log
+from ..common.environment import environment
 from ..common.errors import UserError
 
 logger = log.get("mlflow")
@@ -126,10 +127,9 @@ def _check_credentials(uri: str) -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    saved = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # a refusal is final; retries only delay the message
     try:
-        MlflowClient(uri).search_experiments(max_results=1)
+        with environment(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0"):  # a refusal is final; retries only delay the message
+            MlflowClient(uri).search_experiments(max_results=1)
     except MlflowException as err:
         status = err.get_http_status_code()
         if status == 401:
@@ -140,11 +140,6 @@ def _check_credentials(uri: str) -> None:
             raise UserError(f"MLflow tracking server {redact(uri)}: the user has no permission to read "
                             "experiments (HTTP 403); ask the server's admin for access") from None
         raise
-    finally:
-        if saved is None:
-            os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
-        else:
-            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = saved
 
 
 def _create_sqlite_store(uri: str) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -34,10 +32,7 @@ class TrainOutcome:
 
 def default_run_name(cfg: Config) -> str:
     """A name derived from the config, so re-running the same command resumes the same run."""
-    settings = {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "train")}
-    settings["train"] = {k: v for k, v in settings["train"].items() if k != "run_name"}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    return f"train-{digest}"
+    return f"train-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
 
 
 def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,

@@ -7,8 +7,6 @@ TuneReportCallback and to the trial's MLflow child run through our own callback.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import signal
@@ -31,9 +29,7 @@ logger = log.get("tune")
 
 def default_sweep_name(cfg: Config, space_text: str) -> str:
     """A name from the config and the space, so the same command finds the same sweep again."""
-    settings = {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "train", "tune")}
-    digest = hashlib.sha256((json.dumps(settings, sort_keys=True) + space_text).encode()).hexdigest()[:10]
-    return f"tune-{digest}"
+    return f"tune-{cfg.digest(('data', 'model', 'train', 'tune'), extra=space_text)}"
 
 
 def max_concurrent(cfg: Config) -> int:

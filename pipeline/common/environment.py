@@ -1,0 +1,26 @@
+"""Environment variables set for a block of code and restored afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+def _set(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """os.environ with values set (None: unset) inside the block, restored afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        _set(values)
+        yield
+    finally:
+        _set(saved)
