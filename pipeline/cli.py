@@ -69,7 +69,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
         for section in sections():
             print(f"{section.name}: {section.doc}")
             for key in section.keys:
-                print(f"  {key.name} ({key.type}, default {yaml_value(key.default)}): {key.meaning}")
+                print(f"  {key.name} ({key.type}, default {yaml_value(key.default)}): {key.described()}")
         return 0
     cfg = _load(args)
     sources = " < ".join(["defaults", *([args.config] if args.config else []), *(["--set"] if args.overrides else [])])

@@ -9,9 +9,10 @@ import json
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -25,15 +26,34 @@ class ConfigError(UserError):
     """A mistake in a config file or override; the message names the file, line and key."""
 
 
+@dataclass(frozen=True)
+class Limit:
+    """A bound a numeric key's values must keep, carried on its annotation: Annotated[int, POSITIVE]."""
+
+    allows: Callable[[float], bool]
+    message: str  # what a refused value is told, after the key's name
+    shown: str  # how the key reference writes it
+
+
+POSITIVE = Limit(lambda v: v > 0, "must be positive", "> 0")
+NON_NEGATIVE = Limit(lambda v: v >= 0, "must be >= 0", ">= 0")
+COUNT_OR_UNLIMITED = Limit(lambda v: v >= -1, "must be -1 (no limit) or a count >= 0", "-1 or >= 0")
+BELOW_ONE = Limit(lambda v: v < 1, "is a fraction of the run and must be below 1", "< 1")
+PositiveInt, PositiveFloat = Annotated[int, POSITIVE], Annotated[float, POSITIVE]
+NonNegativeInt, NonNegativeFloat = Annotated[int, NON_NEGATIVE], Annotated[float, NON_NEGATIVE]
+Fraction = Annotated[float, NON_NEGATIVE, BELOW_ONE]  # of the run: in [0, 1)
+CountOrUnlimited = Annotated[int, COUNT_OR_UNLIMITED]
+
+
 @dataclass
 class DataConfig:
     """Where the corpus comes from, how it is cleaned and tokenized, where shards go."""
 
-    source: str = "demo"  # demo | files | hf
+    source: Literal["demo", "files", "hf"] = "demo"  # the built-in demo corpus, files (data.path) or a hub dataset
     src_lang: str = "en"  # source language code: file suffix and default field name
     tgt_lang: str = "de"  # target language code
     path: str = ""  # files: directory of the split files, local or a URI (s3://, gs://, hf://); hf: a saved dataset
-    format: str = "text"  # files: text (one file per language) | tsv | jsonl | parquet
+    format: Literal["text", "tsv", "jsonl", "parquet"] = "text"  # files: their layout (text: one file per language)
     splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "validation": "val", "test": "test"}
     )  # our split name -> file stem (text: <stem>.<lang>; parquet: a glob too, de-en/train-*) or HF split name
@@ -44,25 +64,25 @@ class DataConfig:
     demo_sizes: dict[str, int] = field(
         default_factory=lambda: {"train": 50_000, "validation": 1_000, "test": 1_000}
     )  # demo only: sentence pairs per split
-    seed: int = 0  # seed of the demo corpus and of the tokenizer's training sample
-    on_bad_utf8: str = "error"  # error | replace
-    max_len: int = 128  # subword tokens per side, longer pairs are dropped
-    max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
+    seed: NonNegativeInt = 0  # seed of the demo corpus and of the tokenizer's training sample
+    on_bad_utf8: Literal["error", "replace"] = "error"  # a line that is not UTF-8: an error, or its bad bytes replaced
+    max_len: PositiveInt = 128  # subword tokens per side, longer pairs are dropped
+    max_len_ratio: PositiveFloat = 3.0  # drop pairs whose token-length ratio exceeds this
     dedup: bool = False  # drop exact duplicate pairs in the training split (a distributed group-by)
-    vocab_size: int = 8000  # SentencePiece vocabulary size (each side's, if not joint)
-    tokenizer_type: str = "bpe"  # bpe | unigram
+    vocab_size: PositiveInt = 8000  # SentencePiece vocabulary size (each side's, if not joint)
+    tokenizer_type: Literal["bpe", "unigram"] = "bpe"  # SentencePiece's model type
     joint_vocab: bool = True  # one vocabulary for both sides, so embeddings can be tied
-    tokenizer_sample: int = 200_000  # sentences per side sampled to train SentencePiece
-    character_coverage: float = 1.0  # SentencePiece: share of characters covered; 1.0 keeps all
+    tokenizer_sample: PositiveInt = 200_000  # sentences per side sampled to train SentencePiece
+    character_coverage: PositiveFloat = 1.0  # SentencePiece: share of characters covered; 1.0 keeps all
     output_dir: str = "data/prepared"  # local path or storage URI
-    num_shards: int = 0  # Parquet files per split (at most); 0: one per block it is in (blocks: up to 100k pairs)
+    num_shards: NonNegativeInt = 0  # Parquet files per split (at most); 0: one per block (up to 100k pairs)
 
 
 @dataclass
 class ModelConfig:
     """A TransformerConfig preset plus overrides; None keeps the preset's value."""
 
-    preset: str = "tiny"  # tiny | base | big (Table 3 of the paper; tiny is CPU-sized)
+    preset: Literal["tiny", "base", "big"] = "tiny"  # Table 3 of the paper; tiny is CPU-sized
     d_model: int | None = None  # model width
     d_ff: int | None = None  # inner size of the feed-forward layers
     num_heads: int | None = None  # attention heads; must divide d_model
@@ -81,41 +101,41 @@ class ModelConfig:
 class TrainConfig:
     """Ray Train scaling and the optimisation recipe of Sec. 5."""
 
-    num_workers: int = 1  # Ray Train workers (DDP ranks); with min_workers, the most the run grows to
-    min_workers: int = 0  # elastic: start with what fits (at least this many), grow and shrink with nodes; 0: fixed
+    num_workers: PositiveInt = 1  # Ray Train workers (DDP ranks); with min_workers, the most the run grows to
+    min_workers: NonNegativeInt = 0  # elastic: start with what fits (at least this), grow and shrink; 0: fixed
     use_gpu: bool = False  # one GPU per worker
-    cpus_per_worker: int = 1  # CPUs reserved for each worker
-    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
-    max_tokens: int = 4096  # padded source + target tokens per batch per worker
-    update_freq: int = 1  # gradient accumulation at num_workers workers
-    tokens_per_update: int = 0  # kept whatever the worker count (accumulation follows); 0: max_tokens x workers x freq
-    epochs: int = 10  # passes over the training split
-    max_steps: int = 0  # 0: no limit besides epochs
-    time_budget_s: float = 0.0  # stop (validate, average, finish) after this much training time; 0: none
-    warmup_steps: int = 4000  # Eq. 3: the learning rate rises linearly for this many updates, then decays
-    lr_scale: float = 1.0  # multiplies the learning rate of Eq. 3
-    cooldown: float = 0.0  # lr falls linearly to 0 over this last fraction of the run (its epochs, steps or time)
+    cpus_per_worker: PositiveInt = 1  # CPUs reserved for each worker
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"  # workers on nodes (Ray)
+    max_tokens: PositiveInt = 4096  # padded source + target tokens per batch per worker
+    update_freq: PositiveInt = 1  # gradient accumulation at num_workers workers
+    tokens_per_update: NonNegativeInt = 0  # kept at any worker count; 0: max_tokens x num_workers x update_freq
+    epochs: PositiveInt = 10  # passes over the training split
+    max_steps: NonNegativeInt = 0  # 0: no limit besides epochs
+    time_budget_s: NonNegativeFloat = 0.0  # stop (validate, average, finish) after this much training time; 0: none
+    warmup_steps: PositiveInt = 4000  # Eq. 3: the learning rate rises linearly for this many updates, then decays
+    lr_scale: PositiveFloat = 1.0  # multiplies the learning rate of Eq. 3
+    cooldown: Fraction = 0.0  # lr falls linearly to 0 over this last fraction of the run (its epochs, steps or time)
     label_smoothing: float = 0.1  # epsilon_ls of Sec. 5.4
-    clip_norm: float = 0.0  # 0: no clipping
-    amp: str = "auto"  # auto | bf16 | fp16 | off
+    clip_norm: NonNegativeFloat = 0.0  # 0: no clipping
+    amp: Literal["auto", "bf16", "fp16", "off"] = "auto"  # mixed precision on GPUs; auto: bf16 where supported
     compile: bool = False  # torch.compile the model
     seed: int = 0  # seed of initialisation and batch shuffling
-    val_interval: int = 0  # updates between validations; 0: every epoch
-    log_every: int = 10  # updates between progress lines and train_loss values
+    val_interval: NonNegativeInt = 0  # updates between validations; 0: every epoch
+    log_every: PositiveInt = 10  # updates between progress lines and train_loss values
     init_from: str = ""  # fine-tune from a checkpoint directory, MLflow run id or models:/ URI (its tokenizer too)
-    report_interval_s: float = 10.0  # progress values go to Ray Train (and MLflow) at most this often
-    beam_size: int = 4  # beam of validation decoding and of the packaged model
-    length_penalty: float = 0.6  # beam search length penalty alpha
-    keep_checkpoints: int = 3  # checkpoints kept: the best by val_bleu, plus the latest
-    average_last: int = 5  # average the last N checkpoints at the end (Sec. 6.1)
+    report_interval_s: NonNegativeFloat = 10.0  # progress values go to Ray Train (and MLflow) at most this often
+    beam_size: PositiveInt = 4  # beam of validation decoding and of the packaged model
+    length_penalty: NonNegativeFloat = 0.6  # beam search length penalty alpha
+    keep_checkpoints: PositiveInt = 3  # checkpoints kept: the best by val_bleu, plus the latest
+    average_last: PositiveInt = 5  # average the last N checkpoints at the end (Sec. 6.1)
     storage_path: str = "runs"  # Ray Train / Tune results and checkpoints: local path or storage URI
     run_name: str = ""  # "": a hash of the config; the same name resumes the run
-    max_failures: int = 0  # restarts from the latest checkpoint after a worker failure
-    max_preemption_failures: int = -1  # restarts after a node is preempted (counted apart from failures); -1: no limit
-    preemption_check_s: float = 5.0  # ask this often whether a node is being preempted (then checkpoint); 0: never
-    preemption_grace_s: float = 30.0  # restart this long after a preemption deadline, once Ray Train sees the node go
-    resize_interval_s: float = 60.0  # elastic: how often Ray Train checks whether more workers fit
-    resource_wait_s: float = 30.0  # how long to wait for the cluster to fit the workers
+    max_failures: NonNegativeInt = 0  # restarts from the latest checkpoint after a worker failure
+    max_preemption_failures: CountOrUnlimited = -1  # restarts after a node is preempted (not failures); -1: no limit
+    preemption_check_s: NonNegativeFloat = 5.0  # ask this often whether a node is preempted (then checkpoint); 0: never
+    preemption_grace_s: NonNegativeFloat = 30.0  # restart this long after a preemption deadline, once the node is gone
+    resize_interval_s: NonNegativeFloat = 60.0  # elastic: how often Ray Train checks whether more workers fit
+    resource_wait_s: NonNegativeFloat = 30.0  # how long to wait for the cluster to fit the workers
 
     @property
     def elastic(self) -> bool:
@@ -139,17 +159,17 @@ class TrainConfig:
 class TuneConfig:
     """Ray Tune sweep settings."""
 
-    num_samples: int = 4  # trials to sample (with grid keys: samples of each grid point)
-    max_concurrent_trials: int = 0  # 0: as many as the cluster fits
-    scheduler: str = "asha"  # asha | fifo
-    grace_period: int = 0  # ASHA: updates every trial trains before it can be stopped; 0: the space's longest warmup
-    reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
+    num_samples: PositiveInt = 4  # trials to sample (with grid keys: samples of each grid point)
+    max_concurrent_trials: NonNegativeInt = 0  # 0: as many as the cluster fits
+    scheduler: Literal["asha", "fifo"] = "asha"  # asha stops weak trials early; fifo runs every trial to the end
+    grace_period: NonNegativeInt = 0  # ASHA: updates before a trial can be stopped; 0: the longest warmup
+    reduction_factor: PositiveInt = 2  # ASHA: keep the best 1/reduction_factor at each rung
     name: str = ""  # the sweep's name (its storage directory and MLflow parent run); "" derives one
-    search: str = "random"  # random | grid | optuna
+    search: Literal["random", "grid", "optuna"] = "random"  # how trials are drawn from the space
     seed: int = 0  # seed of the random and optuna searches: the same space and seed sample the same trials
     start_with_base: bool = False  # random, optuna: the first trial takes the config's own values (a baseline)
     metric: str = "val_bleu"  # what the scheduler and the best trial go by
-    mode: str = "max"  # max | min
+    mode: Literal["max", "min"] = "max"  # whether a higher or a lower tune.metric is better
 
 
 @dataclass
@@ -161,7 +181,7 @@ class TrackingConfig:
     # One name per corpus and language pair, so champions of different corpora never compete.
     registered_model: str = ""  # registry name; "": transformer-nmt-<corpus>-<src>-<tgt>, e.g. ...-wmt14-en-de
     register: bool = True  # register the best model; @champion moves only if val_bleu improves
-    system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, disk, network, GPU) every N s; 0: off
+    system_metrics_s: NonNegativeFloat = 10.0  # MLflow system metrics (CPU, memory, disk, network, GPU) every N s
 
 
 @dataclass
@@ -170,16 +190,16 @@ class ServeConfig:
 
     model_uri: str = ""  # MLflow model URI to serve; empty: the champion of tracking.registered_model
     host: str = "127.0.0.1"  # interface to listen on; 0.0.0.0 for all
-    port: int = 8000  # HTTP port
-    max_batch_size: int = 16  # sentences decoded together (dynamic batching)
-    batch_wait_timeout_s: float = 0.05  # how long a batch waits to fill up
-    max_ongoing_requests: int = 32  # requests a replica works on at once
-    max_queued_requests: int = 64  # requests waiting beyond those; more get 503
-    request_timeout_s: float = 30.0  # seconds until a request's answer is 504
-    max_texts: int = 64  # sentences per request, more get 413
-    max_chars: int = 1000  # characters per sentence, longer get 413
+    port: PositiveInt = 8000  # HTTP port
+    max_batch_size: PositiveInt = 16  # sentences decoded together (dynamic batching)
+    batch_wait_timeout_s: NonNegativeFloat = 0.05  # how long a batch waits to fill up
+    max_ongoing_requests: PositiveInt = 32  # requests a replica works on at once
+    max_queued_requests: PositiveInt = 64  # requests waiting beyond those; more get 503
+    request_timeout_s: PositiveFloat = 30.0  # seconds until a request's answer is 504
+    max_texts: PositiveInt = 64  # sentences per request, more get 413
+    max_chars: PositiveInt = 1000  # characters per sentence, longer get 413
     num_gpus: float = 0.0  # GPUs per replica (1, or 0.5 to share one); 0: replicas decode on the CPU
-    engine: str = "auto"  # pytorch, ctranslate2 (the model's `nmt export`), or auto: ctranslate2 when both exist
+    engine: Literal["auto", "pytorch", "ctranslate2"] = "auto"  # auto: ctranslate2 when the model has an `nmt export`
 
 
 @dataclass
@@ -229,41 +249,6 @@ class Config:
             raise ConfigError(f"model: {err}") from None
 
 
-# Keys whose values come from a fixed set, and numeric keys with a lower bound.
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "data.source": ("demo", "files", "hf"),
-    "data.format": ("text", "tsv", "jsonl", "parquet"),
-    "data.on_bad_utf8": ("error", "replace"),
-    "data.tokenizer_type": ("bpe", "unigram"),
-    "model.preset": ("tiny", "base", "big"),
-    "train.amp": ("auto", "bf16", "fp16", "off"),
-    "train.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "tune.scheduler": ("asha", "fifo"),
-    "tune.search": ("random", "grid", "optuna"),
-    "tune.mode": ("max", "min"),
-    "serve.engine": ("auto", "pytorch", "ctranslate2"),
-}
-POSITIVE = {
-    "data.max_len", "data.max_len_ratio", "data.vocab_size", "data.tokenizer_sample",
-    "data.character_coverage", "train.num_workers", "train.cpus_per_worker", "train.max_tokens",
-    "train.update_freq", "train.epochs", "train.log_every", "train.warmup_steps", "train.lr_scale",
-    "train.beam_size",
-    "train.keep_checkpoints", "train.average_last", "tune.num_samples",
-    "tune.reduction_factor", "serve.port", "serve.max_batch_size", "serve.max_ongoing_requests",
-    "serve.max_queued_requests", "serve.request_timeout_s", "serve.max_texts", "serve.max_chars",
-}
-FRACTIONS = {"train.cooldown"}  # in [0, 1)
-COUNT_OR_UNLIMITED = {"train.max_preemption_failures"}  # -1 (no limit) or more
-NON_NEGATIVE = {
-    "data.num_shards", "data.seed", "train.max_steps", "train.time_budget_s", "train.clip_norm", "train.val_interval",
-    "train.max_failures", "train.length_penalty", "train.resource_wait_s", "train.report_interval_s",
-    "train.min_workers", "train.tokens_per_update", "train.preemption_check_s", "train.resize_interval_s",
-    "train.preemption_grace_s",
-    "tune.max_concurrent_trials", "tune.grace_period", "tracking.system_metrics_s",
-    "serve.batch_wait_timeout_s", "train.cooldown",
-}
-
-
 def _flatten(tree: dict[str, Any], prefix: str = ""):
     for key, value in tree.items():
         if isinstance(value, dict) and prefix == "":
@@ -300,7 +285,10 @@ def _is_text(config: Config, dotted: str) -> bool:
     """Whether a known key of the config holds a string."""
     section, _, key = dotted.partition(".")
     part = getattr(config, section, None) if section in {f.name for f in dataclasses.fields(Config)} else None
-    return part is not None and typing.get_type_hints(type(part)).get(key) is str
+    if part is None or key not in {f.name for f in dataclasses.fields(part)}:
+        return False
+    hint = field_type(type(part), key)[0]
+    return hint is str or typing.get_origin(hint) is Literal
 
 
 def default_model_name(data: DataConfig) -> str:
@@ -344,19 +332,24 @@ def set_value(config: Config, dotted: str, value: Any, where: str = "<override>"
         raise ConfigError(
             f"{where}: unknown key {dotted!r}{_suggest(key, fields, prefix=section_name + '.')}"
         )
-    hint = typing.get_type_hints(type(section))[key]
-    value = _check_type(value, hint, dotted, where)
-    if dotted in CHOICES and value not in CHOICES[dotted]:
-        raise ConfigError(f"{where}: {dotted} must be one of {list(CHOICES[dotted])}, got {value!r}")
-    if dotted in POSITIVE and value <= 0:
-        raise ConfigError(f"{where}: {dotted} must be positive, got {value!r}")
-    if dotted in NON_NEGATIVE and value < 0:
-        raise ConfigError(f"{where}: {dotted} must be >= 0, got {value!r}")
-    if dotted in COUNT_OR_UNLIMITED and value < -1:
-        raise ConfigError(f"{where}: {dotted} must be -1 (no limit) or a count >= 0, got {value!r}")
-    if dotted in FRACTIONS and not value < 1:
-        raise ConfigError(f"{where}: {dotted} is a fraction of the run and must be below 1, got {value!r}")
+    hint, limits = field_type(type(section), key)
+    choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+    value = _check_type(value, type(choices[0]) if choices else hint, dotted, where)
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {dotted} must be one of {list(choices)}, got {value!r}")
+    for limit in limits:
+        if not limit.allows(value):
+            raise ConfigError(f"{where}: {dotted} {limit.message}, got {value!r}")
     setattr(section, key, value)
+
+
+def field_type(cls: type, key: str) -> tuple[Any, tuple[Limit, ...]]:
+    """A key's type (a Literal for a fixed set of values) and the limits its annotation carries."""
+    hint = typing.get_type_hints(cls, include_extras=True)[key]
+    if typing.get_origin(hint) is Annotated:
+        base, *limits = typing.get_args(hint)
+        return base, tuple(limits)
+    return hint, ()
 
 
 def _check_type(value: Any, hint: Any, dotted: str, where: str) -> Any:

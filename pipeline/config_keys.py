@@ -11,12 +11,13 @@ import dataclasses
 import inspect
 import io
 import tokenize
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from .config import Config
+from .config import Config, field_type
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,14 @@ class Key:
     """One config key as `--set` names it."""
 
     name: str  # e.g. train.warmup_steps
-    type: str  # the annotation, e.g. "int" or "dict[str, int]"
+    type: str  # e.g. "int" or "dict[str, int]"
     default: Any
     meaning: str
+    allowed: str = ""  # the values the annotation allows, e.g. "one of: bpe, unigram" or "> 0"
+
+    def described(self) -> str:
+        """The meaning, with the allowed values when the key has a fixed set or a bound."""
+        return f"{self.meaning} ({self.allowed})" if self.allowed else self.meaning
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,25 @@ def _field_comments(cls: type) -> dict[str, str]:
             for node in ast.parse(source).body[0].body if isinstance(node, ast.AnnAssign)}
 
 
+def _type_and_allowed(cls: type, name: str) -> tuple[str, str]:
+    """A key's type as written in the reference, and the values its annotation allows."""
+    hint, limits = field_type(cls, name)
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        return type(choices[0]).__name__, "one of: " + ", ".join(map(str, choices))
+    shown = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
+    return shown or str(hint).replace("typing.", ""), ", ".join(limit.shown for limit in limits)
+
+
 def sections() -> list[Section]:
     """The whole tree's keys with their defaults, section by section, in declaration order."""
     defaults, result = Config(), []
     for section in dataclasses.fields(Config):
         values = getattr(defaults, section.name)
         meanings = _field_comments(type(values))
-        keys = [Key(f"{section.name}.{f.name}", str(f.type), getattr(values, f.name), meanings[f.name])
-                for f in dataclasses.fields(values)]
+        keys = []
+        for f in dataclasses.fields(values):
+            shown, allowed = _type_and_allowed(type(values), f.name)
+            keys.append(Key(f"{section.name}.{f.name}", shown, getattr(values, f.name), meanings[f.name], allowed))
         result.append(Section(section.name, inspect.getdoc(type(values)) or "", keys))
     return result

@@ -30,7 +30,7 @@ def reference_markdown() -> str:
     lines = []
     for section in sections():
         lines += [f"### `{section.name}`: {section.doc}", "", "| key | default | meaning |", "|---|---|---|"]
-        lines += [f"| `{key.name}` | {value(key.default)} | {escape(key.meaning)} |" for key in section.keys]
+        lines += [f"| `{key.name}` | {value(key.default)} | {escape(key.described())} |" for key in section.keys]
         lines.append("")
     return "\n".join(lines)
 

@@ -6,11 +6,8 @@ import logging
 import os
 import re
 import sys
-import time
 
-from ..config import Config
 from . import log
-from .errors import UserError
 
 logger = log.get("ray")
 # A line of Ray's C++ core that a worker printed, e.g. "[2026-12-02 13:51:42,566 E 23727 23759]
@@ -107,42 +104,3 @@ def state_api_problem() -> str | None:
     except (RayStateApiException, ConnectionError, OSError) as err:
         return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     return None
-
-
-def check_capacity(cfg: Config, wait_s: float) -> None:
-    """Fail within wait_s, naming what is missing, when the cluster cannot place the workers.
-
-    An autoscaling cluster (KubeRay, the cluster launcher) adds nodes only for work it is asked
-    for: while the workers do not fit, the autoscaler is asked for their bundles.
-    """
-    import ray
-    from ray.autoscaler.sdk import request_resources
-
-    train = cfg.train
-    workers = train.fewest_workers()  # an elastic run starts with what fits, from min_workers up
-    need_cpu, need_gpu = workers * train.cpus_per_worker, workers * int(train.use_gpu)
-    bundle = train.worker_bundle()
-    count_key = "min_workers" if train.elastic else "num_workers"
-    deadline = time.monotonic() + wait_s
-    requested = False
-    try:
-        while True:
-            nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-            total_cpu = sum(n.get("CPU", 0) for n in nodes)
-            total_gpu = sum(n.get("GPU", 0) for n in nodes)
-            largest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
-            if total_cpu >= need_cpu and total_gpu >= need_gpu and largest_cpu >= train.cpus_per_worker:
-                return
-            if time.monotonic() >= deadline:  # an autoscaler had its chance to add nodes
-                raise UserError(
-                    f"the cluster cannot fit {workers} training workers x {train.cpus_per_worker} CPU"
-                    f"{' + 1 GPU' if train.use_gpu else ''}: it has {total_cpu:g} CPUs, {total_gpu:g} GPUs, at most "
-                    f"{largest_cpu:g} CPUs on one node; lower train.{count_key} / train.cpus_per_worker or add nodes"
-                )
-            if not requested:  # a cluster without an autoscaler ignores the request
-                request_resources(bundles=[bundle] * train.num_workers)  # the most: an elastic run grows into it
-                requested = True
-            time.sleep(1.0)
-    finally:
-        if requested:  # the request persists until replaced: from here the run's placement group holds the nodes
-            request_resources(bundles=[])

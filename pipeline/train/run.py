@@ -16,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..common import storage
-from ..common.cluster import check_capacity, ensure_ray
+from ..common.cluster import ensure_ray
 from ..config import Config
 from ..data.manifest import Manifest
 from ..data.prepare import prepare
 from ..track import tracking
 from ..track.publish import log_inputs
 from . import parent
+from .capacity import check_capacity
 from .parent import Parent
 
 
@@ -47,7 +48,7 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     ensure_ray(address)
     if on_ray is not None:
         on_ray()
-    check_capacity(cfg, cfg.train.resource_wait_s)
+    check_capacity(cfg.train, cfg.train.resource_wait_s)
     storage_path = storage.absolute(cfg.train.storage_path)
     if not cfg.train.init_from:
         return RunSetup(uri, prepare(cfg.data, address=address), storage_path)

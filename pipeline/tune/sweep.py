@@ -38,11 +38,9 @@ def max_concurrent(cfg: Config) -> int:
 
     if cfg.tune.max_concurrent_trials:
         return cfg.tune.max_concurrent_trials
-    resources = ray.cluster_resources()
-    train = cfg.train
-    fits = int(resources.get("CPU", 0) // (train.num_workers * train.cpus_per_worker))
-    if train.use_gpu:
-        fits = min(fits, int(resources.get("GPU", 0) // train.num_workers))
+    resources, train = ray.cluster_resources(), cfg.train
+    fits = min(int(resources.get(name, 0) // (amount * train.num_workers))
+               for name, amount in train.worker_bundle().items())
     return max(1, fits)
 
 
