@@ -149,9 +149,8 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
         tracking.log_artifacts(uri, run_id, [hyp_file])
     tracking.end_run(uri, run_id, tags={k: str(v) for k, v in scores.items() if k.endswith("signature")})
     if version is not None:
-        from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(uri)
+        client = tracking.mlflow_client(uri)
         client.set_model_version_tag(version.name, version.version, f"{label}_bleu", f"{scores['bleu']:.2f}")
         client.set_model_version_tag(version.name, version.version, f"{label}_eval_run", run_id)
     return {**scores, "sentences": len(hypotheses), "run_id": run_id}

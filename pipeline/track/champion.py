@@ -19,7 +19,7 @@ from typing import Any
 
 from ..common import log
 from ..common.errors import UserError
-from .tracking import error_line, redact
+from .tracking import error_line, mlflow_client, redact
 
 CHAMPION = "champion"
 DECISION_TAG = "champion_decision"  # on each version: "champion", "kept version N" or "promoted by hand"
@@ -30,9 +30,7 @@ logger = log.get("registry")
 
 
 def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(uri, registry_uri=uri)
+    return mlflow_client(uri)
 
 
 def champion_bleu(uri: str, name: str) -> tuple[str, float] | None:

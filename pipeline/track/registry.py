@@ -15,7 +15,7 @@ from ..text.tokenizer import JOINT_FILE, SRC_FILE
 from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
 from . import champion
 from .champion import CHAMPION
-from .tracking import error_line, redact
+from .tracking import error_line, mlflow_client, redact
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -47,10 +47,9 @@ def pip_requirements() -> list[str]:
 
 def _client(uri: str):
     import mlflow
-    from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri)
+    mlflow.set_tracking_uri(uri)  # for the fluent log_model in log_model()
+    return mlflow_client(uri)
 
 
 def log_model(uri: str, run_id: str, translator: Translator, example: str):
@@ -169,12 +168,11 @@ def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") 
 def model_version(uri: str, model_uri: str) -> Any | None:
     """The registry version behind models:/NAME@ALIAS or models:/NAME/VERSION, else None."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     if not model_uri.startswith("models:/"):
         return None
     name, _, ref = model_uri.removeprefix("models:/").partition("@")
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     try:
         if ref:
             return client.get_model_version_by_alias(name, ref)

@@ -22,7 +22,6 @@ def log_run_report(uri: str, run_id: str, translator: Translator, manifest: Mani
                    samples: int = 16, attention_sentences: int = 2) -> None:
     """Log learning_curves.png, attention/*.png and a samples table to the run."""
     import matplotlib.pyplot as plt
-    from mlflow.tracking import MlflowClient
 
     from .plots import attention_maps, learning_curves
 
@@ -43,5 +42,5 @@ def log_run_report(uri: str, run_id: str, translator: Translator, manifest: Mani
                 figure.savefig(attention_dir / f"sentence{index + 1}_{kind}.png", dpi=100)
                 plt.close(figure)
         tracking.log_artifacts(uri, run_id, sorted(attention_dir.iterdir()), artifact_path="attention")
-    MlflowClient(uri).log_table(run_id, data={"source": sources, "reference": references,
+    tracking.mlflow_client(uri).log_table(run_id, data={"source": sources, "reference": references,
                                               "translation": translations}, artifact_file="samples.json")

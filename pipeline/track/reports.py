@@ -9,7 +9,17 @@ import os
 from typing import Any
 
 from ..common import log
-from .tracking import FINAL_KEY, INTERNAL_KEYS, NODE_KEY, PROGRESS_KEY, STEP_KEYS, credentials, redact, use_credentials
+from .tracking import (
+    FINAL_KEY,
+    INTERNAL_KEYS,
+    NODE_KEY,
+    PROGRESS_KEY,
+    STEP_KEYS,
+    credentials,
+    mlflow_client,
+    redact,
+    use_credentials,
+)
 
 logger = log.get("mlflow")
 
@@ -53,11 +63,10 @@ def restart_tags(report: dict[str, Any]) -> dict[str, str]:
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
     """Log the numeric metrics of one report at its step."""
-    from mlflow.tracking import MlflowClient
 
     entries = metric_entries(metrics)
     if entries:
-        MlflowClient(uri).log_batch(run_id, metrics=entries)
+        mlflow_client(uri).log_batch(run_id, metrics=entries)
 
 
 def _reason(err: Exception) -> str:
@@ -106,11 +115,9 @@ class MetricLogger:
         """Send everything queued; False (and a warning when an outage starts) if the store fails."""
         import time
 
-        from mlflow.tracking import MlflowClient
-
         sent = 0
         try:
-            client = MlflowClient(self.uri)
+            client = mlflow_client(self.uri)
             if self.pending_tags:
                 client.log_batch(self.run_id, tags=self.pending_tags)
                 self.pending_tags = []
@@ -134,9 +141,8 @@ class MetricLogger:
 
 def log_best(uri: str, run_id: str, val_bleu: float, step: int) -> None:
     """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
-    from mlflow.tracking import MlflowClient
 
-    MlflowClient(uri).log_batch(run_id, metrics=[_metric("best_val_bleu", val_bleu, step),
+    mlflow_client(uri).log_batch(run_id, metrics=[_metric("best_val_bleu", val_bleu, step),
                                                  _metric("best_step", float(step), step)])
 
 

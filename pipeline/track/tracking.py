@@ -96,6 +96,13 @@ def resolve_tracking_uri(configured: str = "") -> str:
     return uri
 
 
+def mlflow_client(uri: str):
+    """The MLflow client of a tracking URI (its registry at the same URI): the one place one is made."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri, registry_uri=uri)
+
+
 def connect(configured: str = "") -> str:
     """The tracking URI resolved (resolve_tracking_uri) and checked to answer (check_reachable): what commands use."""
     uri = resolve_tracking_uri(configured)
@@ -125,11 +132,10 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 def _check_credentials(uri: str) -> None:
     """One authenticated request, without retries: a server with logins refuses wrong credentials here."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     try:
         with environment(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0"):  # a refusal is final; retries only delay the message
-            MlflowClient(uri).search_experiments(max_results=1)
+            mlflow_client(uri).search_experiments(max_results=1)
     except MlflowException as err:
         status = err.get_http_status_code()
         if status == 401:
@@ -150,13 +156,11 @@ def _create_sqlite_store(uri: str) -> None:
     """
     import fcntl
 
-    from mlflow.tracking import MlflowClient
-
     path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        client = MlflowClient(uri)
+        client = mlflow_client(uri)
         client.search_experiments(max_results=1)  # the tracking tables
         client.search_registered_models(max_results=1)  # and the registry's
 
@@ -211,9 +215,8 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     """
     import mlflow
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = (found.experiment_id if found else
                      client.create_experiment(experiment, artifact_location=artifact_location(uri)))
@@ -258,29 +261,26 @@ def log_datasets(uri: str, run_id: str, datasets: list[dict[str, Any]]) -> None:
     import json
 
     from mlflow.entities import Dataset, DatasetInput, InputTag
-    from mlflow.tracking import MlflowClient
 
     inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36],
                                    source_type="s3" if d["source"].startswith("s3://") else "local",
                                    source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
                            tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
-    MlflowClient(uri).log_inputs(run_id, datasets=inputs)
+    mlflow_client(uri).log_inputs(run_id, datasets=inputs)
 
 
 def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:
     """Copy files into the run's artifacts."""
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     for path in paths:
         client.log_artifact(run_id, str(path), artifact_path)
 
 
 def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:
     """Mark the run finished (or FAILED / KILLED), with any last tags."""
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     for key, value in (tags or {}).items():
         client.set_tag(run_id, key, redact(value))
     client.set_terminated(run_id, status=status)
@@ -288,9 +288,8 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) pairs of a metric, in step order."""
-    from mlflow.tracking import MlflowClient
 
-    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
+    return sorted((m.step, m.value) for m in mlflow_client(uri).get_metric_history(run_id, key))
 
 
 def credentials() -> dict[str, str]:

@@ -30,9 +30,8 @@ class SweepOutcome:
 
 def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any]]:
     """One row per trial: params, best val_bleu and its checkpoint, steps, status; early stops marked in MLflow."""
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = tracking.mlflow_client(uri)
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     trials = []
     for result in results:
