@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -125,12 +127,13 @@ def load(uri: str, model_uri: str, device: str = "auto"):
         raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
 
 
-def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
-    """The translator of a packaged model (models:/, runs:/, a path), read from its data files alone.
+@contextlib.contextmanager
+def translator_files(uri: str, model_uri: str) -> Iterator[Path]:
+    """A packaged model's data files (models:/, runs:/, a path), downloaded to a temporary directory.
 
-    Only `artifacts/translator/` is downloaded: safetensors weights, a JSON config and SentencePiece
-    models, each checked as it loads. No Python file or pickle stored with the model is imported, so a
-    model version anyone could have logged on a shared server runs no code here.
+    Only `artifacts/translator/` is downloaded: safetensors weights, a JSON config, the decoding
+    settings and SentencePiece models. No Python file or pickle stored with the model is imported, so
+    a model version anyone could have logged on a shared server runs no code here.
     """
     from mlflow.exceptions import MlflowException
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
@@ -145,19 +148,31 @@ def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translato
             local = Path(repository.download_artifacts(TRANSLATOR_FILES, dst_path=tmp))
         except (MlflowException, OSError) as err:
             raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
+        check_translator_files(local, model_uri)
+        yield local
+
+
+def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
+    """The translator of a packaged model, read from its data files alone (see translator_files)."""
+    with translator_files(uri, model_uri) as local:
         return translator_from_files(local, model_uri, device)
 
 
-def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") -> Translator:
-    """Translator.from_files with every way its files can be wrong as one line naming the model."""
-    from safetensors import SafetensorError
-
+def check_translator_files(directory: Path, model_uri: str) -> None:
+    """The files Translator.save() writes are there, or an error naming the first one missing."""
     missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (directory / name).is_file()]
     if not any((directory / name).is_file() for name in (JOINT_FILE, SRC_FILE)):
         missing.append(JOINT_FILE)
     if missing:
         raise UserError(f"model {model_uri!r} has no {missing[0]} in {TRANSLATOR_FILES}/: it was not packaged by "
                         f"`nmt train`; register one that was, or pass a training checkpoint")
+
+
+def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") -> Translator:
+    """Translator.from_files with every way its files can be wrong as one line naming the model."""
+    from safetensors import SafetensorError
+
+    check_translator_files(directory, model_uri)
     try:
         return Translator.from_files(directory, device=device)
     except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:

@@ -55,15 +55,22 @@ def resolve(spec: str, uri: str) -> Parent:
 
 
 def _from_registry(spec: str, model_uri: str, described: str, uri: str) -> Parent:
-    """A packaged model (what `nmt train` logs and registers): safetensors weights, config, tokenizer."""
-    from ..track.registry import load_translator
+    """A packaged model (what `nmt train` logs and registers): its weights, config and tokenizer files, read
+    as they are (no model is built, no code stored with the model runs)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..track.registry import TRANSLATOR_FILES, translator_files
 
     try:
-        translator = load_translator(uri, model_uri, device="cpu")
+        with translator_files(uri, model_uri) as files:
+            config = TransformerConfig.from_dict(json.loads((files / CONFIG_FILE).read_text()))
+            return Parent(spec, described, config, Tokenizer.load(files), load_file(files / WEIGHTS_FILE))
     except UserError as err:
         raise UserError(f"train.init_from={spec!r}: {err}") from None
-    return Parent(spec, described, translator.model.cfg, translator.tokenizer,
-                  {k: v.detach().cpu() for k, v in translator.model.state_dict().items()})
+    except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
+        raise UserError(f"train.init_from={spec!r}: the {TRANSLATOR_FILES}/ files of {model_uri!r} do not make a "
+                        f"model: {type(err).__name__}: {err}") from None
 
 
 def _from_checkpoint(spec: str) -> Parent:
