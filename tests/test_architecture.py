@@ -83,3 +83,31 @@ def test_each_stage_package_says_in_one_line_what_it_does():
         docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert docstring and "\n" not in docstring.strip(), f"{init}: a one-line docstring"
 
+
+
+# Lower layers never import higher ones: the order a reader can learn the package in.
+LAYERS = (("pipeline.common",), ("pipeline.config", "pipeline.config_keys"), ("pipeline.text", "pipeline.data"),
+          ("pipeline.track",), ("pipeline.train", "pipeline.serve"), ("pipeline.tune",),
+          ("pipeline.launch", "pipeline.parser"),  # nmt submit checks the command it sends with nmt's own parser
+          ("pipeline.cli", "pipeline.__main__"))
+
+
+def _layer(module: str) -> int | None:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def test_no_module_imports_from_a_higher_layer():
+    modules = _pipeline_modules()
+    upward = []
+    for name, path in sorted(modules.items()):
+        mine = _layer(name)
+        for target, _, line in _imports(path):
+            theirs = _layer(target) if target in modules else None
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{path.relative_to(ROOT)}:{line}: {name} (layer {mine}) imports {target} "
+                              f"(layer {theirs})")
+    order = " < ".join("/".join(p.split(".")[-1] for p in layer) for layer in LAYERS)
+    assert not upward, f"imports that run up the layers {order}:\n" + "\n".join(upward)
