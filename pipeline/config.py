@@ -181,7 +181,7 @@ class TrackingConfig:
     # One name per corpus and language pair, so champions of different corpora never compete.
     registered_model: str = ""  # registry name; "": transformer-nmt-<corpus>-<src>-<tgt>, e.g. ...-wmt14-en-de
     register: bool = True  # register the best model; @champion moves only if val_bleu improves
-    system_metrics_s: NonNegativeFloat = 10.0  # MLflow system metrics (CPU, memory, disk, network, GPU) every N s
+    system_metrics_s: NonNegativeFloat = 10.0  # system metrics (CPU, memory, disk, network, GPU) every N s; 0: off
 
 
 @dataclass

@@ -16,6 +16,17 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override one config key, e.g. --set train.epochs=3 (repeatable)")
 
 
+def _beam_size(text: str) -> int:
+    """--beam: a whole number of at least 1."""
+    try:
+        beam = int(text)
+    except ValueError:
+        beam = 0
+    if beam < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return beam
+
+
 def _version() -> str:
     try:
         return metadata.version("transformer-nmt")
@@ -101,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ref", help="reference translations, one per line")
     evaluate.add_argument("--split", help="a prepared split instead (e.g. test)")
     evaluate.add_argument("--data", help="the prepared dataset for --split (default: the one the model was trained on)")
-    evaluate.add_argument("--beam", type=int, default=None,
+    evaluate.add_argument("--beam", type=_beam_size, default=None,
                         help="beam size (default: the model's, train.beam_size when it was registered)")
     evaluate.add_argument("--device", default="auto", help=device_help)
 
@@ -113,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("text", nargs="*", help="sentences to translate")
     translate.add_argument("--model", help=model_help)
     translate.add_argument("--input", help="a file of sentences, one per line")
-    translate.add_argument("--beam", type=int, default=None,
+    translate.add_argument("--beam", type=_beam_size, default=None,
                         help="beam size (default: the model's, train.beam_size when it was registered)")
     translate.add_argument("--device", default="auto", help=device_help)
 

@@ -54,6 +54,20 @@ def test_the_shape_check_names_what_differs_and_lets_regularization_change():
         parent.check_shape(dataclasses.replace(mine, num_heads=2, d_ff=256), "p", mine)
 
 
+def test_weights_that_do_not_fit_their_config_are_named():
+    from model import Transformer
+
+    config = TransformerConfig(vocab_size=100, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
+                               num_decoder_layers=1)
+    weights = Transformer(config).state_dict()
+    parent.check_weights(config, weights)
+    with pytest.raises(ValueError, match="do not fit model_config.json: .*64"):
+        parent.check_weights(dataclasses.replace(config, d_ff=128), weights)
+    missing = next(iter(weights))
+    with pytest.raises(ValueError, match=f"{missing} \\(None in the weights"):
+        parent.check_weights(config, {k: v for k, v in weights.items() if k != missing})
+
+
 def test_an_init_from_that_names_nothing_says_what_it_may_be(tmp_path):
     with pytest.raises(UserError, match="not a models:/ URI, an MLflow run id .* or a training checkpoint"):
         parent.resolve(str(tmp_path / "nothing"), f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -324,6 +324,8 @@ def test_parse_request_limits():
 
     assert parse_request(b'{"texts": ["a", ""], "beam_size": 3}', 4, 10) == (["a", ""], 3)
     assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], None)  # the model's own beam size
+    with pytest.raises(BadRequest, match="beam_size"):  # null is not "absent"
+        parse_request(b'{"texts": ["a"], "beam_size": null}', 4, 10)
     with pytest.raises(BadRequest) as err:
         parse_request(b"x" * 100_000, 4, 10)
     assert err.value.status == 413

@@ -48,7 +48,7 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """A `translation` column per source sentence; params beam_size (0: the model's), max_len (0: src + 50)."""
         params = params or {}
-        beam_size = int(params.get("beam_size") or self.translator.beam_size)
+        beam_size = int(params.get("beam_size") or min(self.translator.beam_size, 64))
         max_len = int(params.get("max_len") or 0)
         if not 1 <= beam_size <= 64:
             raise _bad_input(f"beam_size must be between 1 and 64, got {beam_size}")

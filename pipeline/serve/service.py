@@ -92,9 +92,9 @@ def parse_request(body: bytes, max_texts: int, max_chars: int) -> tuple[list[str
         raise BadRequest(413, f'"texts" has {len(texts)} items; at most {max_texts} per request')
     for i, text in enumerate(texts):
         _check_text(i, text, max_chars)
-    beam_size = payload.get("beam_size")  # absent: the model's own, stored with it at registration
-    if beam_size is None:
+    if "beam_size" not in payload:  # the model's own, stored with it at registration
         return texts, None
+    beam_size = payload["beam_size"]
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
         raise BadRequest(400, f'"beam_size" must be an integer from 1 to {MAX_BEAM_SIZE}, got {beam_size!r}')
     return texts, beam_size
@@ -170,7 +170,8 @@ class TranslationService:
         with tempfile.TemporaryDirectory() as workdir:
             loaded = load_engine(tracking_uri, model_uri, engine, "auto", workdir)
             self.engine, self._engine = loaded.name, loaded.translate
-            self.beam_size, self.alpha = loaded.beam_size, loaded.alpha  # a request without beam_size decodes so
+            # A request without beam_size decodes as the model was validated, within the service's bound.
+            self.beam_size, self.alpha = min(loaded.beam_size, MAX_BEAM_SIZE), loaded.alpha
         self._translate_one.set_max_batch_size(max_batch_size)
         self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)

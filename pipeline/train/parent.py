@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model import TransformerConfig
+from model import Transformer, TransformerConfig
 
 from ..common import checkpoint, storage
 from ..common.errors import UserError
@@ -58,19 +58,33 @@ def _from_registry(spec: str, model_uri: str, described: str, uri: str) -> Paren
     """A packaged model (what `nmt train` logs and registers): its weights, config and tokenizer files, read
     as they are (no model is built, no code stored with the model runs)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     from ..track.registry import TRANSLATOR_FILES, translator_files
+    from ..track.tracking import error_line
 
     try:
         with translator_files(uri, model_uri) as files:
             config = TransformerConfig.from_dict(json.loads((files / CONFIG_FILE).read_text()))
-            return Parent(spec, described, config, Tokenizer.load(files), load_file(files / WEIGHTS_FILE))
+            weights = load((files / WEIGHTS_FILE).read_bytes())  # in memory, not a map of a file about to go
+            check_weights(config, weights)
+            return Parent(spec, described, config, Tokenizer.load(files), weights)
     except UserError as err:
         raise UserError(f"train.init_from={spec!r}: {err}") from None
     except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
         raise UserError(f"train.init_from={spec!r}: the {TRANSLATOR_FILES}/ files of {model_uri!r} do not make a "
-                        f"model: {type(err).__name__}: {err}") from None
+                        f"model: {error_line(err)}") from None
+
+
+def check_weights(config: TransformerConfig, weights: dict[str, torch.Tensor]) -> None:
+    """The weights are those of the config's model, name by name and shape by shape (checked without memory)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Transformer(config).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in weights.items()}
+    if found != expected:
+        wrong = sorted(set(found) ^ set(expected)) or [k for k in expected if found[k] != expected[k]]
+        raise ValueError(f"the weights do not fit model_config.json: {wrong[0]} "
+                         f"({found.get(wrong[0])} in the weights, {expected.get(wrong[0])} in the model)")
 
 
 def _from_checkpoint(spec: str) -> Parent:
