@@ -16,6 +16,13 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override one config key, e.g. --set train.epochs=3 (repeatable)")
 
 
+def _add_decoding_options(parser: argparse.ArgumentParser, device_help: str) -> None:
+    """--beam and --device of the commands that decode with a registered model."""
+    parser.add_argument("--beam", type=_beam_size, default=None,
+                        help="beam size (default: the model's, train.beam_size when it was registered)")
+    parser.add_argument("--device", default="auto", help=device_help)
+
+
 def _beam_size(text: str) -> int:
     """--beam: a whole number of at least 1."""
     try:
@@ -54,31 +61,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(verbosity=0)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, summary: str, examples: list[str], parents=(), **kwargs) -> argparse.ArgumentParser:
-        """A subcommand whose --help starts with its one-line summary and ends with examples."""
+    def command(name: str, summary: str, examples: list[str], parents=(), config: bool = False,
+                **kwargs) -> argparse.ArgumentParser:
+        """A subcommand whose --help starts with its one-line summary and ends with examples (and --config, --set)."""
         epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
-        return commands.add_parser(name, parents=[verbosity, *parents], help=summary,
-                                   description=kwargs.pop("description", summary), epilog=epilog,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        sub = commands.add_parser(name, parents=[verbosity, *parents], help=summary,
+                                  description=kwargs.pop("description", summary), epilog=epilog,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        if config:
+            _add_config_options(sub)
+        return sub
 
     prepare = command("prepare", "clean, tokenize and shard a corpus with Ray Data",
                       ["nmt prepare --config configs/multi30k_en_de.yaml",
                        "nmt prepare --config configs/demo.yaml --set data.output_dir=s3://bucket/prepared"],
-                      parents=[address])
-    _add_config_options(prepare)
+                      parents=[address], config=True)
     prepare.add_argument("--force", action="store_true", help="prepare anew even if a cached copy exists")
 
-    train = command("train", "train on Ray Train (resumes a run of the same name)",
-                    ["nmt train --config configs/demo.yaml --set train.epochs=3",
-                     "nmt train --config configs/multi30k_en_de.yaml --set train.num_workers=4 --address auto"],
-                    parents=[address])
-    _add_config_options(train)
+    command("train", "train on Ray Train (resumes a run of the same name)",
+            ["nmt train --config configs/demo.yaml --set train.epochs=3",
+             "nmt train --config configs/multi30k_en_de.yaml --set train.num_workers=4 --address auto"],
+            parents=[address], config=True)
 
     tune = command("tune", "sweep hyperparameters with Ray Tune (ASHA), trials on Ray Train",
                    ["nmt tune --config configs/demo.yaml --space tune_spaces/demo.yaml",
                     "nmt tune --config configs/demo.yaml --space tune_spaces/demo.yaml --resume"],
-                   parents=[address])
-    _add_config_options(tune)
+                   parents=[address], config=True)
     tune.add_argument("--space", required=True, help="search space YAML (see tune_spaces/)")
     tune.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
 
@@ -91,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = command("config", "print the resolved configuration (a dry run: nothing starts), or every key",
                      ["nmt config --config configs/demo.yaml --set train.epochs=3",
-                      "nmt config --keys | grep warmup"])
-    _add_config_options(config)
+                      "nmt config --keys | grep warmup"], config=True)
     config.add_argument("--keys", action="store_true", help="list every key with its type, default and meaning")
 
     device_help = f"where to decode: {CHOICES_HELP} (default auto)"
@@ -105,33 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
                        ["nmt evaluate --split test",
                         "nmt evaluate --model models:/transformer-nmt-wmt14-en-de/3 --src test.en "
                         "--ref test.de --device cuda", "nmt evaluate --split test --engine ctranslate2"],
-                       parents=[engine])
-    _add_config_options(evaluate)
+                       parents=[engine], config=True)
     evaluate.add_argument("--model", help=model_help)
     evaluate.add_argument("--src", help="source sentences, one per line")
     evaluate.add_argument("--ref", help="reference translations, one per line")
     evaluate.add_argument("--split", help="a prepared split instead (e.g. test)")
     evaluate.add_argument("--data", help="the prepared dataset for --split (default: the one the model was trained on)")
-    evaluate.add_argument("--beam", type=_beam_size, default=None,
-                        help="beam size (default: the model's, train.beam_size when it was registered)")
-    evaluate.add_argument("--device", default="auto", help=device_help)
+    _add_decoding_options(evaluate, device_help)
 
     translate = command("translate", "translate sentences with a registered model",
                         ["nmt translate \"the small dog sees a red house .\"",
                          "nmt translate --input sentences.en > sentences.de", "cat sentences.en | nmt translate"],
-                        parents=[engine])
-    _add_config_options(translate)
+                        parents=[engine], config=True)
     translate.add_argument("text", nargs="*", help="sentences to translate")
     translate.add_argument("--model", help=model_help)
     translate.add_argument("--input", help="a file of sentences, one per line")
-    translate.add_argument("--beam", type=_beam_size, default=None,
-                        help="beam size (default: the model's, train.beam_size when it was registered)")
-    translate.add_argument("--device", default="auto", help=device_help)
+    _add_decoding_options(translate, device_help)
 
     export = command("export", "convert a model to CTranslate2 (int8 or float32) and attach it to its model version",
                      ["nmt export",
-                      "nmt export --model models:/transformer-nmt-wmt14-en-de/3 --quantization float32 --out ct2/"])
-    _add_config_options(export)
+                      "nmt export --model models:/transformer-nmt-wmt14-en-de/3 --quantization float32 --out ct2/"],
+                     config=True)
     export.add_argument("--model", help=model_help)
     export.add_argument("--format", choices=("ctranslate2",), default="ctranslate2", help="the target format")
     export.add_argument("--quantization", choices=("int8", "float32"), default="int8",
@@ -139,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default="ctranslate2-model", help="the directory to write (default ctranslate2-model)")
 
     promote = command("promote", "move the champion alias to a model version by hand, or decide undecided versions",
-                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14-en-de", "nmt promote"])
-    _add_config_options(promote)
+                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14-en-de", "nmt promote"], config=True)
     promote.add_argument("version", nargs="?", help="the model version number; without it, versions left undecided "
                                                     "(registration cut off) get the val_bleu rule")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
@@ -148,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",
                     ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt-wmt14-en-de/3 --host 0.0.0.0",
                      "nmt serve --engine ctranslate2"],
-                    parents=[address])
-    _add_config_options(serve)
+                    parents=[address], config=True)
     serve.add_argument("--model", help="MLflow model URI (default: serve.model_uri, else the champion)")
     serve.add_argument("--port", type=int, help="HTTP port (default: serve.port, 8000)")
     serve.add_argument("--host", help="interface to listen on (default: serve.host, 127.0.0.1; 0.0.0.0 for all)")

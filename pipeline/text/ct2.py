@@ -61,6 +61,19 @@ def _attention(spec, module, d_model: int, cross: bool) -> None:
     _linear(spec.linear[-1], module.out_proj.weight, module.out_proj.bias)
 
 
+def _self_attention(layer_spec, layer, d_model: int) -> None:
+    """A layer's self-attention sublayer and the norm after (or before) it."""
+    _attention(layer_spec.self_attention, layer.self_attn, d_model, cross=False)
+    _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+
+
+def _feed_forward(layer_spec, layer, norm) -> None:
+    """A layer's position-wise feed-forward sublayer (Eq. 2) and its norm."""
+    _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias)
+    _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias)
+    _norm(layer_spec.ffn.layer_norm, norm)
+
+
 def _inputs(spec, embed) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _array(embed.token_embedding.weight)
@@ -82,20 +95,14 @@ def _spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]):
     encoder, decoder = spec.encoder, spec.decoder
     _inputs(encoder, model.encoder.embed)
     for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, cfg.d_model, cross=False)
-        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias)
-        _norm(layer_spec.ffn.layer_norm, layer.sublayer[1].norm)
+        _self_attention(layer_spec, layer, cfg.d_model)
+        _feed_forward(layer_spec, layer, layer.sublayer[1].norm)
     _inputs(decoder, model.decoder.embed)
     for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, cfg.d_model, cross=False)
-        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+        _self_attention(layer_spec, layer, cfg.d_model)
         _attention(layer_spec.attention, layer.cross_attn, cfg.d_model, cross=True)
         _norm(layer_spec.attention.layer_norm, layer.sublayer[1].norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias)
-        _norm(layer_spec.ffn.layer_norm, layer.sublayer[2].norm)
+        _feed_forward(layer_spec, layer, layer.sublayer[2].norm)
     if cfg.norm_first:  # pre-norm stacks end in a layer norm of their own
         _norm(encoder.layer_norm, model.encoder.norm)
         _norm(decoder.layer_norm, model.decoder.norm)
