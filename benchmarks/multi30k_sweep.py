@@ -32,6 +32,7 @@ import mlflow.artifacts  # noqa: E402
 from pipeline.common import log  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.track import tracking  # noqa: E402
+from pipeline.track.plots import save_sweep_plots  # noqa: E402
 from pipeline.tune.search_space import base_point, load_space  # noqa: E402
 from pipeline.tune.sweep import first_rung, sweep  # noqa: E402
 
@@ -56,7 +57,13 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/multi30k_sweep"), help="where the results go")
     parser.add_argument("--plots", default=str(ROOT / "docs/images/multi30k_sweep"), help="where the plots go")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--replot", action="store_true", help="only draw the plots again from --out's summary.json")
     args = parser.parse_args()
+    if args.replot:  # the sweep itself takes about two CPU-hours
+        trials = json.loads((Path(args.out) / "summary.json").read_text())["trials_detail"]
+        Path(args.plots).mkdir(parents=True, exist_ok=True)
+        save_sweep_plots(load_space(SPACE, load_config(ROOT / "configs/multi30k_en_de.yaml")), trials, Path(args.plots))
+        return 0
     log.setup()
     log.configure_libraries()
 

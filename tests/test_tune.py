@@ -115,3 +115,21 @@ def test_start_with_base_makes_the_config_itself_the_first_trial(search):
     # The demo config's warmup (400) is not among the space's choices (100, 200).
     with pytest.raises(ConfigError, match=r"train.warmup_steps is 400 in the config, outside the space's choice"):
         _draw(search, ["tune.start_with_base=true"])
+
+
+def test_the_sweep_plot_shows_every_choice_marks_stopped_trials_and_stars_the_best():
+    from matplotlib.colors import to_rgba
+
+    from pipeline.track.plots import sweep_plot
+
+    trials = [{"params": {"model.num_heads": heads}, "val_bleu": bleu, "status": status}
+              for heads, bleu, status in ((2, 30.0, "OK"), (2, 12.0, "STOPPED_EARLY"), (8, 31.5, "OK"),
+                                          (8, float("nan"), "ERROR"))]
+    ax = sweep_plot("model.num_heads", ("choice", [2, 4, 8]), trials).axes[0]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["2", "4", "8"]  # 4: no trial, still a column
+    finished, stopped, best = ax.collections
+    assert len(finished.get_offsets()) == 2 and len(stopped.get_offsets()) == 1
+    hollow = not len(stopped.get_facecolors()) or stopped.get_facecolors()[0][3] == 0
+    assert hollow and tuple(stopped.get_edgecolors()[0]) == to_rgba("tab:orange")
+    assert list(best.get_offsets()[0]) == [2.0, 31.5] and "best: 31.50" in [t.get_text() for t in
+                                                                             ax.get_legend().get_texts()]

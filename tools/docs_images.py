@@ -134,13 +134,15 @@ def take(store: str, workdir: Path) -> None:
 
         def heads_layers_warmup_against_bleu(driver):
             _pick(driver, "Parameters:", *swept)
-            _pick(driver, "Metrics:", "val_bleu")
+            _pick(driver, "Metrics:", "best_val_bleu")  # the trial's best, not its last (averaged) value
 
         _shoot(driver, f"{url}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([experiment]))}",
                "compare-trials", "Parallel Coordinates Plot", scroll_to="Parallel Coordinates Plot",
                before=heads_layers_warmup_against_bleu)
         run = f"{base}/runs/{best.info.run_id}"
-        _shoot(driver, f"{run}/model-metrics", "learning-curves", "val_bleu")
+        # The run's own learning_curves.png (loss and val BLEU side by side) rather than MLflow's grid of
+        # every metric, where the val_bleu chart falls below the fold.
+        _shoot(driver, f"{run}/artifacts/learning_curves.png", "learning-curves", "learning_curves.png")
         if attention:
             _shoot(driver, f"{run}/artifacts/{attention[0]}", "attention-map", attention[0].rsplit("/", 1)[-1])
         if plots:

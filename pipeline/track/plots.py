@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")  # workers and CI have no display
@@ -31,6 +33,55 @@ def learning_curves(history: dict[str, list[tuple[int, float]]], title: str = ""
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def sweep_plot(key: str, distribution: tuple[str, list], trials: list[dict]) -> Figure:
+    """Each trial's best val BLEU against one swept key: trials that ran to the end filled, those ASHA
+    stopped hollow, the best starred; a choice key gets one column per value it could take."""
+    name, args = distribution
+    scored = [t for t in trials if t["val_bleu"] == t["val_bleu"]]  # NaN: a trial that never validated
+    x: list[float] = []
+    if name in ("choice", "grid"):
+        columns, seen = {value: i for i, value in enumerate(args)}, {}
+        for t in scored:  # trials sharing a column side by side, so that none hides another
+            value = t["params"][key]
+            seen[value] = seen.get(value, 0) + 1
+            x.append(columns[value] + 0.08 * (seen[value] - 1))
+        x = [at - 0.04 * (seen[t["params"][key]] - 1) for at, t in zip(x, scored)]  # centred on the column
+    else:
+        x = [t["params"][key] for t in scored]
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for stopped, style in ((False, {"color": "tab:blue", "label": "ran to the end"}),
+                           (True, {"facecolors": "none", "edgecolors": "tab:orange", "linewidths": 1.5,
+                                   "label": "stopped early (ASHA)"})):
+        group = [(at, t["val_bleu"]) for at, t in zip(x, scored) if (t["status"] == "STOPPED_EARLY") == stopped]
+        if group:
+            ax.scatter(*zip(*group), s=45, **style)
+    if scored:
+        best = max(range(len(scored)), key=lambda i: scored[i]["val_bleu"])
+        ax.scatter([x[best]], [scored[best]["val_bleu"]], marker="*", s=220, color="tab:red", zorder=3,
+                   label=f"best: {scored[best]['val_bleu']:.2f}")
+    if name in ("choice", "grid"):
+        ax.set_xticks(range(len(args)), [str(a) for a in args])
+        ax.set_xlim(-0.6, len(args) - 0.4)
+    elif name.endswith("loguniform") and args[1] / args[0] >= 10:
+        ax.set_xscale("log")
+    ax.set(xlabel=key, ylabel="best val BLEU of the trial", title=f"val_bleu vs {key}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def save_sweep_plots(space: dict[str, tuple[str, list]], trials: list[dict], directory: Path) -> list[Path]:
+    """sweep_plot for every swept key, as val_bleu_vs_<key>.png files in directory."""
+    files = []
+    for key, distribution in space.items():
+        fig = sweep_plot(key, distribution, trials)
+        files.append(directory / f"val_bleu_vs_{key.replace('.', '_')}.png")
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
+    return files
 
 
 def _kind(name: str) -> str:

@@ -89,10 +89,7 @@ def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: di
     """trials.csv, best_config.yaml and val_bleu-per-hyperparameter plots in the parent run."""
     import csv
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..track.plots import save_sweep_plots
 
     metrics = {"num_trials": len(trials), "trials_stopped_early": sum(t["status"] == "STOPPED_EARLY" for t in trials),
                "trials_rejected": sum(t["status"] == "REJECTED" for t in trials)}
@@ -111,17 +108,7 @@ def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: di
             files.append(Path(tmp) / "best_config.yaml")
             files[-1].write_text(tracking.redact(yaml.safe_dump(apply(cfg, best["params"])[0].to_dict(),
                                                                 sort_keys=False)))
-        for key in space:
-            fig, ax = plt.subplots(figsize=(4.5, 3.2))
-            points = [(t["params"][key], t["val_bleu"]) for t in trials if not math.isnan(t["val_bleu"])]
-            if points:
-                xs, ys = zip(*points)
-                ax.scatter([str(x) if isinstance(x, str) else x for x in xs], ys, color="tab:blue")
-            ax.set(xlabel=key, ylabel="best val BLEU", title=f"val_bleu vs {key}")
-            fig.tight_layout()
-            files.append(Path(tmp) / f"val_bleu_vs_{key.replace('.', '_')}.png")
-            fig.savefig(files[-1], dpi=100)
-            plt.close(fig)
+        files += save_sweep_plots(space, trials, Path(tmp))
         tracking.log_artifacts(uri, parent, files)
 
 
