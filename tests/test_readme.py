@@ -145,3 +145,16 @@ def test_the_readme_demo_figures_are_those_of_the_committed_captures():
     assert said, "the README no longer states the quick demo's figures next to its capture"
     assert abs(float(said[1]) - minutes) <= 0.15 * minutes and int(said[2]) == lines and \
         abs(int(said[3]) - bleu) <= 1, (said.groups(), minutes, lines, bleu)
+
+
+def test_the_suite_figures_in_the_docs_are_those_of_the_committed_test_run():
+    capture = (ROOT / "docs" / "test-run.txt").read_text(encoding="utf-8")
+    summary = re.search(r"(\d+) passed(?:, (\d+) skipped)?.* in ([0-9.]+)s", capture)
+    passed, skipped, minutes = int(summary[1]), int(summary[2] or 0), float(summary[3]) / 60
+    for page in ("README.md", "docs/testing.md"):
+        said = re.search(r"make test +# .*?about (\d+) minutes on 2 cores", (ROOT / page).read_text(encoding="utf-8"))
+        assert said, f"{page} no longer says how long make test takes"
+        assert abs(int(said[1]) - minutes) <= 0.1 * minutes + 1, (page, said[1], minutes)
+    testing = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    count = re.search(r"make test +# all (\d+) \((\d+) of them need a GPU", testing)
+    assert count and int(count[1]) == passed + skipped and int(count[2]) <= skipped, (count, passed, skipped)

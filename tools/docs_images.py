@@ -91,6 +91,7 @@ def _shoot(driver, url: str, name: str, *texts: str, scroll_to: str | None = Non
     """Open url, wait for every text, tidy the page (and call before), save docs/images/<name>.png."""
     from browser import wait_for_text
 
+    driver.get("about:blank")  # a new page load: the app ignores a hash change within one run's artifacts
     driver.get(url)
     for text in texts:
         wait_for_text(driver, text, PAGE_TIMEOUT_S)
