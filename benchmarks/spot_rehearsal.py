@@ -89,7 +89,7 @@ def scenario(name: str, storage: str, out: Path, deadline_s: float = DEADLINE_S)
         *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}",
         # Long enough that the run is still going when the new node is in use: Ray Train's elastic policy
         # learns of nodes from a coordinator that refreshes every 20 s, then waits train.resize_interval_s.
-        "train.max_steps=450",
+        "train.max_steps=700",
         f"train.storage_path={runs}", f"train.run_name=spot-{name}", f"data.output_dir={storage}/data",
         f"tracking.tracking_uri={uri}"])
     events: dict = {}
