@@ -169,10 +169,9 @@ def check_translator_files(directory: Path, model_uri: str) -> None:
 
 
 def translator_from_files(directory: Path, model_uri: str, device: str = "cpu") -> Translator:
-    """Translator.from_files with every way its files can be wrong as one line naming the model."""
+    """Translator.from_files of files translator_files checked, every way they can still be wrong as one line."""
     from safetensors import SafetensorError
 
-    check_translator_files(directory, model_uri)
     try:
         return Translator.from_files(directory, device=device)
     except (ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
