@@ -92,7 +92,7 @@ def main() -> int:
     outcome = train(cfg, config_file=args.config)
     wall = time.perf_counter() - started
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
-    history = {k: tracking.metric_history(uri, outcome.run_id, k)
+    history = {k: tracking.Run(uri, outcome.run_id).metric_history(k)
                for k in ("train_loss", "val_loss", "val_bleu", "val_seconds", "tokens_per_s", "train_seconds")}
     kept = _checkpoints(Path(outcome.storage_path) / outcome.run_name)
     final = [c for c in kept if "averaged" not in c][-1]

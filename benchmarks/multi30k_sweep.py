@@ -41,7 +41,9 @@ SPACE = ROOT / "tune_spaces/multi30k.yaml"
 
 def _history(uri: str, run_id: str | None) -> list[list[float]]:
     """[[update, val_bleu], ...] of one trial's MLflow run."""
-    return [[step, round(bleu, 2)] for step, bleu in tracking.metric_history(uri, run_id, "val_bleu")] if run_id else []
+    if not run_id:
+        return []
+    return [[step, round(bleu, 2)] for step, bleu in tracking.Run(uri, run_id).metric_history("val_bleu")]
 
 
 def main() -> int:

@@ -49,9 +49,8 @@ def build_model(workdir: Path, uri: str) -> str:
     config = TransformerConfig.preset("tiny", vocab_size=tokenizer.src_vocab_size, d_model=64, d_ff=128,
                                       num_layers=1)
     translator = Translator(Transformer(config), tokenizer)
-    run_id = tracking.start_run(uri, "serve-benchmark", "random-tiny", {"model": "random-init tiny"}, {})
-    registry.register(uri, run_id, translator, "serve-benchmark", 0.0, {}, pairs[0][0])
-    tracking.end_run(uri, run_id)
+    with tracking.mlflow_run(uri, "serve-benchmark", "random-tiny", {"model": "random-init tiny"}, {}) as run:
+        registry.register(run, translator, "serve-benchmark", 0.0, {}, pairs[0][0])
     return "models:/serve-benchmark@champion"
 
 

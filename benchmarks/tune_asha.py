@@ -36,7 +36,7 @@ SPACE = ("model.num_heads: {grid: [2, 4]}\nmodel.num_layers: {grid: [1, 2]}\n"
 def histories(uri: str, outcome) -> list:
     """[params, [[update, val_bleu], ...]] for each trial of a sweep, from its MLflow run."""
     return [[t["params"], [[step, round(bleu, 2)] for step, bleu in
-                           tracking.metric_history(uri, t["run_id"], "val_bleu")]] for t in outcome.trials]
+                           tracking.Run(uri, t["run_id"]).metric_history("val_bleu")]] for t in outcome.trials]
 
 
 def main() -> int:

@@ -176,14 +176,15 @@ def test_the_packaged_pyfunc_model_loads_onto_the_device(device, tokenizer, tmp_
     import mlflow
     import pandas as pd
 
-    from pipeline.track import registry
+    from pipeline.track import registry, tracking
 
     cfg = TransformerConfig.preset("tiny", vocab_size=tokenizer.src_vocab_size, d_model=32, d_ff=64, num_heads=2,
                                    num_layers=1, dropout=0.0)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     run = client.create_run(client.create_experiment("cuda", artifact_location=str(tmp_path / "artifacts")))
-    registry.log_model(uri, run.info.run_id, Translator(Transformer(cfg), tokenizer, device="cpu"), "a small dog")
+    translator = Translator(Transformer(cfg), tokenizer, device="cpu")
+    registry.log_model(tracking.Run(uri, run.info.run_id), translator, "a small dog")
     model = registry.load(uri, f"runs:/{run.info.run_id}/model", device=str(device))
     assert model.unwrap_python_model().translator.device.type == device.type
     out = model.predict(pd.DataFrame({"src": ["a small dog", "the green grass"]}), params={"beam_size": 2})

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.cli import main
 from pipeline.text.translator import Translator
 from pipeline.track import champion as champion_rule
-from pipeline.track import registry
+from pipeline.track import registry, tracking
 
 pytestmark = pytest.mark.slow
 
@@ -133,12 +133,13 @@ def test_champion_moves_only_when_val_bleu_improves_and_promote_moves_it_by_hand
     first = champion_rule.champion_bleu(champion.uri, champion.model_name)
     assert first == (champion.version, pytest.approx(champion.val_bleu, abs=1e-3))
     try:
-        worse = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
-                                  champion.val_bleu - 1.0, {}, example=EXAMPLES[0])
+        run = tracking.Run(champion.uri, champion.run_id)
+        worse = registry.register(run, translator, champion.model_name, champion.val_bleu - 1.0, {},
+                                  example=EXAMPLES[0])
         assert not worse.champion
         assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == champion.version
-        better = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
-                                   champion.val_bleu + 1.0, {}, example=EXAMPLES[0])
+        better = registry.register(run, translator, champion.model_name, champion.val_bleu + 1.0, {},
+                                   example=EXAMPLES[0])
         assert better.champion and champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == better.version
         assert main(["promote", worse.version, "--set", f"tracking.tracking_uri={champion.uri}"]) == 0
         assert champion_rule.champion_bleu(champion.uri, champion.model_name)[0] == worse.version
@@ -176,8 +177,8 @@ def test_two_registrations_at_once_leave_the_better_one_champion(champion, monke
 
     def register(gain: float) -> None:
         barrier.wait()
-        results[gain] = registry.register(champion.uri, champion.run_id, translator, champion.model_name,
-                                          champion.val_bleu + gain, {}, example=EXAMPLES[0])
+        results[gain] = registry.register(tracking.Run(champion.uri, champion.run_id), translator,
+                                          champion.model_name, champion.val_bleu + gain, {}, example=EXAMPLES[0])
 
     try:
         threads = [threading.Thread(target=register, args=(gain,)) for gain in (1.0, 2.0)]

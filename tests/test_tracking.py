@@ -4,6 +4,7 @@ MLflow's variables and hidden wherever a URI is shown."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -20,8 +21,9 @@ def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("paced")).info.run_id
     earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
-    reports.MetricLogger(uri, run_id).log({"step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5,
-                                            "averaged": 2, tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
+    reports.MetricLogger(tracking.Run(uri, run_id)).log({
+        "step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5, "averaged": 2,
+        tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
     history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 0.0), (15, -5.0), (20, 5.0)]
     assert [m.timestamp for m in history[:3]] == [1_700_000_005_000, 1_700_000_010_000, 1_700_000_015_000]
@@ -36,9 +38,10 @@ def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they
     import getpass
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_id = tracking.start_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")
-    again = tracking.start_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")  # a resume
-    assert again == run_id
+    first = tracking.open_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")
+    again = tracking.open_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")  # a resume
+    assert again == first
+    run_id = first.id
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.tags["mlflow.source.name"] == "nmt train" and run.data.tags["mlflow.user"] == getpass.getuser()
     assert run.data.tags["mlflow.runName"] == "run-a" and run.data.tags["mlflow.source.type"] == "LOCAL"
@@ -46,7 +49,7 @@ def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they
     datasets = [{"name": f"demo-en-de-0123/{split}", "digest": "0123456789abcdef", "source": f"s3://b/p/{split}",
                  "context": split, "profile": {"pairs": n}} for split, n in (("train", 30), ("validation", 5))]
     for _ in range(2):  # a resumed run logs them again
-        tracking.log_datasets(uri, run_id, datasets)
+        first.log_datasets(datasets)
     inputs = MlflowClient(uri).get_run(run_id).inputs.dataset_inputs
     assert sorted((i.dataset.name, i.tags[0].value, i.dataset.digest, i.dataset.source_type) for i in inputs) == [
         ("demo-en-de-0123/train", "train", "0123456789abcdef", "s3"),
@@ -57,7 +60,7 @@ def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_s
         tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    metric_logger = reports.MetricLogger(f"http://127.0.0.1:{free_port()}", "0" * 32)  # nothing listens there
+    metric_logger = reports.MetricLogger(tracking.Run(f"http://127.0.0.1:{free_port()}", "0" * 32))  # no one there
     metric_logger.FINAL_WAIT_S = 3.0
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         start = time.monotonic()
@@ -75,17 +78,33 @@ def test_a_run_made_by_mlflow_run_becomes_the_commands_run_keeping_its_source_ta
     client = MlflowClient(uri)
     made = client.create_run(client.create_experiment("project"), tags={
         "mlflow.source.name": "file:///repo", "mlflow.source.type": "PROJECT"}).info.run_id
-    run_id = tracking.start_run(uri, "project", "train-1", {"model.d_model": 64}, {"data_manifest": "abc"},
-                                source="nmt train", adopt_run_id=made)
+    run_id = tracking.open_run(uri, "project", "train-1", {"model.d_model": 64}, {"data_manifest": "abc"},
+                               source="nmt train", adopt_run_id=made).id
     run = client.get_run(run_id)
     assert run_id == made and run.data.params == {"model.d_model": "64"}
     assert run.data.tags["mlflow.source.name"] == "file:///repo"  # the maker's, not "nmt train"
     assert run.data.tags[tracking.RUN_NAME_TAG] == "train-1" and run.data.tags["data_manifest"] == "abc"
     # A run id of another store cannot be adopted: the command makes its own run and says so.
     with caplog.at_level(logging.WARNING, logger="pipeline"):
-        other = tracking.start_run(uri, "project", "train-2", {}, {}, adopt_run_id="0" * 32)
+        other = tracking.open_run(uri, "project", "train-2", {}, {}, adopt_run_id="0" * 32).id
     assert other not in (made, "0" * 32) and "MLFLOW_RUN_ID" in caplog.text
     assert client.get_run(other).data.tags["mlflow.source.name"] == "nmt"
+
+
+@pytest.mark.parametrize(("raised", "status"), [
+    (None, "FINISHED"), (RuntimeError("publishing failed"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
+    (SystemExit(0), "RUNNING"),  # Tune stopping a trial: the sweep's summary marks it
+])
+def test_a_run_ends_with_its_block_finished_with_its_tags_failed_killed_or_left_to_the_sweep(tmp_path, raised, status):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(type(raised)) if raised else contextlib.nullcontext():
+        with tracking.mlflow_run(uri, "ends", "run-a", {}, {}) as run:
+            run.end_tags["best_val_bleu"] = "12.34"
+            if raised:
+                raise raised
+    found = MlflowClient(uri).get_run(run.id)
+    assert found.info.status == status
+    assert ("best_val_bleu" in found.data.tags) == (status == "FINISHED")  # the last tags only on a normal end
 
 
 def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
@@ -94,9 +113,9 @@ def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_p
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # `nmt demo --workdir work`, started from another directory
     uri = f"sqlite:///{store / 'mlflow.db'}"
-    run_id = tracking.start_run(uri, "artifacts", "run-a", {}, {})
+    run = tracking.open_run(uri, "artifacts", "run-a", {}, {})
     (elsewhere / "note.txt").write_text("hello")
-    tracking.log_artifacts(uri, run_id, [elsewhere / "note.txt"])
+    run.log_artifacts([elsewhere / "note.txt"])
     assert list((store / "mlruns").rglob("note.txt")) and not (elsewhere / "mlruns").exists()
 
 
@@ -153,16 +172,17 @@ def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, capl
     import types
 
     from pipeline.config import load_config
-    from pipeline.train.driver import build_trainer
+    from pipeline.train.run import build_trainer
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with caplog.at_level(logging.WARNING, logger="pipeline"):  # MLflow's message names the URL it asked
-        reports.MetricLogger(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32).log({"step": 5, "loss": 1.0})
+        reports.MetricLogger(tracking.Run(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32)).log(
+            {"step": 5, "loss": 1.0})
     assert "cannot log metrics to http://alice:***@127.0.0.1" in caplog.text and "s3cret" not in caplog.text
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_id = tracking.start_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"})
-    tracking.end_run(uri, run_id, tags={"note": "from http://alice:s3cret@host"})
-    tags = MlflowClient(uri).get_run(run_id).data.tags
+    with tracking.mlflow_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"}) as run:
+        run.end_tags["note"] = "from http://alice:s3cret@host"
+    tags = MlflowClient(uri).get_run(run.id).data.tags
     assert tags["init_from"] == "https://***@host/ckpt" and tags["note"] == "from http://alice:***@host"
     cfg = load_config("configs/demo.yaml", ["tracking.tracking_uri=http://alice:s3cret@host:5000"])
     trainer = build_trainer(cfg, types.SimpleNamespace(path=str(tmp_path)), "run-a", str(tmp_path / "runs"))

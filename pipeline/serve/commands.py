@@ -140,17 +140,17 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
                      "source_run_id": version.run_id or ""})
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
     decoding = {"beam_size": beam_size, "length_penalty": loaded.alpha}
-    run_id = tracking.start_run(uri, experiment, f"{run_name}-{int(time.time())}", decoding, tags,
-                                source="nmt evaluate")
-    reports.log_metrics(uri, run_id, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
-    with tempfile.TemporaryDirectory() as tmp:
-        hyp_file = Path(tmp) / f"{label}.hyp.txt"
-        hyp_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        tracking.log_artifacts(uri, run_id, [hyp_file])
-    tracking.end_run(uri, run_id, tags={k: str(v) for k, v in scores.items() if k.endswith("signature")})
+    with tracking.mlflow_run(uri, experiment, f"{run_name}-{int(time.time())}", decoding, tags,
+                             source="nmt evaluate") as run:
+        reports.log_metrics(run, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
+        with tempfile.TemporaryDirectory() as tmp:
+            hyp_file = Path(tmp) / f"{label}.hyp.txt"
+            hyp_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+            run.log_artifacts([hyp_file])
+        run.end_tags.update({k: str(v) for k, v in scores.items() if k.endswith("signature")})
     if version is not None:
 
         client = tracking.mlflow_client(uri)
         client.set_model_version_tag(version.name, version.version, f"{label}_bleu", f"{scores['bleu']:.2f}")
-        client.set_model_version_tag(version.name, version.version, f"{label}_eval_run", run_id)
-    return {**scores, "sentences": len(hypotheses), "run_id": run_id}
+        client.set_model_version_tag(version.name, version.version, f"{label}_eval_run", run.id)
+    return {**scores, "sentences": len(hypotheses), "run_id": run.id}

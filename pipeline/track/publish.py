@@ -24,7 +24,7 @@ from . import tracking
 logger = log.get("train")
 
 
-def log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_file: str | None,
+def log_inputs(run: tracking.Run, cfg: Config, manifest: Manifest, config_file: str | None,
                extra_files: tuple[str, ...] = ()) -> None:
     """The resolved config (and the file it came from), the manifest and the tokenizer, as run artifacts."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,18 +39,18 @@ def log_inputs(uri: str, run_id: str, cfg: Config, manifest: Manifest, config_fi
         if config_file and os.path.isfile(config_file):  # a copy, with any password in a URI redacted
             paths.append(Path(tmp) / Path(config_file).name)
             paths[-1].write_text(tracking.redact(Path(config_file).read_text(encoding="utf-8")))
-        tracking.log_artifacts(uri, run_id, paths)
-        tracking.log_artifacts(uri, run_id, sorted(tok_dir.iterdir()), artifact_path="tokenizer")
-    tracking.log_datasets(uri, run_id, dataset_inputs(manifest))
+        run.log_artifacts(paths)
+        run.log_artifacts(sorted(tok_dir.iterdir()), artifact_path="tokenizer")
+    run.log_datasets(dataset_inputs(manifest))
 
 
 def dataset_inputs(manifest: Manifest) -> list[dict[str, Any]]:
     """The prepared data as MLflow datasets, one per split: the manifest's digest, its path, the split as context."""
     name = manifest.name
     return [{"name": f"{name}/{split}", "digest": manifest.sha256, "source": manifest.split_dir(split),
-             "context": split, "profile": {"pairs": info["pairs"], "src_tokens": info["src_tokens"],
-                                           "tgt_tokens": info["tgt_tokens"]}}
-            for split, info in manifest.content["splits"].items()]
+             "context": split, "profile": {"pairs": stats.pairs, "src_tokens": stats.src_tokens,
+                                           "tgt_tokens": stats.tgt_tokens}}
+            for split, stats in manifest.splits.items()]
 
 
 def best_checkpoint(result) -> tuple[Any, dict] | None:
@@ -67,7 +67,7 @@ def best_checkpoint(result) -> tuple[Any, dict] | None:
     return None
 
 
-def publish(cfg: Config, uri: str, run_id: str, best, metrics: dict, manifest: Manifest, register: bool = True):
+def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manifest, register: bool = True):
     """Pictures and sample translations for the run, then (optionally) a registered model version.
 
     Done once per run: a rerun of a finished run finds its version and adds nothing.
@@ -77,17 +77,17 @@ def publish(cfg: Config, uri: str, run_id: str, best, metrics: dict, manifest: M
     from .report import log_run_report, validation_sample
 
     name = cfg.tracking.registered_model
-    existing = registry.version_of_run(uri, name, run_id)
+    existing = registry.version_of_run(run.uri, name, run.id)
     if existing:
         logger.info(f"run already registered as {name} version {existing}")
         return None
     with best.as_directory() as directory:
         translator = Translator.from_checkpoint(directory, manifest.tokenizer(), beam_size=cfg.train.beam_size,
                                                 alpha=cfg.train.length_penalty)
-    log_run_report(uri, run_id, translator, manifest, title=cfg.tracking.experiment)
+    log_run_report(run, translator, manifest, title=cfg.tracking.experiment)
     if not register:
         return None
     tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path,
             "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
-    return registry.register(uri, run_id, translator, name, float(metrics["val_bleu"]), tags,
+    return registry.register(run, translator, name, float(metrics["val_bleu"]), tags,
                              example=validation_sample(manifest, 1)[0][0])

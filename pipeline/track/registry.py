@@ -17,7 +17,7 @@ from ..text.tokenizer import JOINT_FILE, SRC_FILE
 from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
 from . import champion
 from .champion import CHAMPION
-from .tracking import error_line, mlflow_client, redact
+from .tracking import Run, error_line, mlflow_client, redact
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -54,19 +54,21 @@ def _client(uri: str):
     return mlflow_client(uri)
 
 
-def log_model(uri: str, run_id: str, translator: Translator, example: str):
+def log_model(run: Run, translator: Translator, example: str):
     """Log a model into the run as a self-contained pyfunc model; returns ModelInfo."""
     import mlflow
     import pandas as pd
     from mlflow.models import infer_signature
 
-    _client(uri)
+    _client(run.uri)
     params = {"beam_size": translator.beam_size, "max_len": 0}
     with tempfile.TemporaryDirectory() as tmp:
         translator.save(Path(tmp) / "translator")
         sample = pd.DataFrame({"src": [example]})
         signature = infer_signature(sample, pd.DataFrame({"translation": translator.translate([example])}), params)
-        with mlflow.start_run(run_id=run_id):
+        # The fluent log_model needs an active run; leaving the block marks it FINISHED, and the run's owner
+        # (mlflow_run) sets its final status after.
+        with mlflow.start_run(run_id=run.id):
             return mlflow.pyfunc.log_model(
                 name="model", python_model=str(MODEL_CODE), artifacts={"translator": str(Path(tmp) / "translator")},
                 code_paths=[str(PACKAGE_ROOT / "model"), str(PACKAGE_ROOT / "pipeline")],
@@ -86,13 +88,13 @@ def version_of_run(uri: str, name: str, run_id: str) -> str | None:
     return str(found[0].version) if found else None
 
 
-def register(uri: str, run_id: str, translator: Translator, name: str, val_bleu: float,
+def register(run: Run, translator: Translator, name: str, val_bleu: float,
              tags: dict[str, str], example: str) -> Registered:
     """Register a model as a new version of `name`; it becomes champion only if its val_bleu is higher."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(uri)
-    info = log_model(uri, run_id, translator, example)
+    client = _client(run.uri)
+    info = log_model(run, translator, example)
     # Through the client rather than log_model(registered_model_name=): the same registration
     # without MLflow's "Successfully registered model" prints (our own line below says it).
     try:
@@ -100,10 +102,10 @@ def register(uri: str, run_id: str, translator: Translator, name: str, val_bleu:
     except MlflowException as err:
         if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise
-    tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run_id, **tags}
-    version = str(client.create_model_version(name, info.model_uri, run_id=run_id, model_id=info.model_id,
+    tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run.id, **tags}
+    version = str(client.create_model_version(name, info.model_uri, run_id=run.id, model_id=info.model_id,
                                               tags={key: str(value) for key, value in tags.items()}).version)
-    decision = champion.decide(uri, name)
+    decision = champion.decide(run.uri, name)
     better = decision.version == version
     logger.info(f"registered {name} version {version} (val_bleu {val_bleu:.2f}); " + (
         "it is the champion" if better else f"champion stays version {decision.version} ({decision.val_bleu:.2f})"))

@@ -18,7 +18,7 @@ def validation_sample(manifest: Manifest, count: int) -> tuple[list[str], list[s
     return table.column("src").to_pylist(), table.column("tgt").to_pylist()
 
 
-def log_run_report(uri: str, run_id: str, translator: Translator, manifest: Manifest, title: str = "",
+def log_run_report(run: tracking.Run, translator: Translator, manifest: Manifest, title: str = "",
                    samples: int = 16, attention_sentences: int = 2) -> None:
     """Log learning_curves.png, attention/*.png and a samples table to the run."""
     import matplotlib.pyplot as plt
@@ -27,13 +27,13 @@ def log_run_report(uri: str, run_id: str, translator: Translator, manifest: Mani
 
     sources, references = validation_sample(manifest, samples)
     translations = translator.translate(sources)
-    history = {key: tracking.metric_history(uri, run_id, key) for key in CURVE_KEYS}
+    history = {key: run.metric_history(key) for key in CURVE_KEYS}
     with tempfile.TemporaryDirectory() as tmp:
         curves = Path(tmp) / "learning_curves.png"
         figure = learning_curves(history, title)
         figure.savefig(curves, dpi=110)
         plt.close(figure)
-        tracking.log_artifacts(uri, run_id, [curves])
+        run.log_artifacts([curves])
         attention_dir = Path(tmp) / "attention"
         attention_dir.mkdir()
         # Short sentences make legible maps; heads specialize in ways worth seeing (Sec. 4, Fig. 3-5).
@@ -41,6 +41,6 @@ def log_run_report(uri: str, run_id: str, translator: Translator, manifest: Mani
             for kind, figure in attention_maps(translator, source).items():
                 figure.savefig(attention_dir / f"sentence{index + 1}_{kind}.png", dpi=100)
                 plt.close(figure)
-        tracking.log_artifacts(uri, run_id, sorted(attention_dir.iterdir()), artifact_path="attention")
-    tracking.mlflow_client(uri).log_table(run_id, data={"source": sources, "reference": references,
-                                              "translation": translations}, artifact_file="samples.json")
+        run.log_artifacts(sorted(attention_dir.iterdir()), artifact_path="attention")
+    run.client().log_table(run.id, data={"source": sources, "reference": references, "translation": translations},
+                           artifact_file="samples.json")

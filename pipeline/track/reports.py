@@ -15,8 +15,8 @@ from .tracking import (
     NODE_KEY,
     PROGRESS_KEY,
     STEP_KEYS,
+    Run,
     credentials,
-    mlflow_client,
     redact,
     use_credentials,
 )
@@ -61,12 +61,9 @@ def restart_tags(report: dict[str, Any]) -> dict[str, str]:
             for row in [*report.get(PROGRESS_KEY, ()), report] if "restart_cause" in row}
 
 
-def log_metrics(uri: str, run_id: str, metrics: dict[str, Any]) -> None:
+def log_metrics(run: Run, metrics: dict[str, Any]) -> None:
     """Log the numeric metrics of one report at its step."""
-
-    entries = metric_entries(metrics)
-    if entries:
-        mlflow_client(uri).log_batch(run_id, metrics=entries)
+    run.log_metrics(metric_entries(metrics))
 
 
 def _reason(err: Exception) -> str:
@@ -82,8 +79,8 @@ class MetricLogger:
     BATCH = 1000  # MLflow's limit of metrics per log_batch call
     FINAL_WAIT_S = 120.0  # after the last report no later one will retry: wait this long for the store
 
-    def __init__(self, uri: str, run_id: str):
-        self.uri, self.run_id = uri, run_id
+    def __init__(self, run: Run):
+        self.run = run
         self.pending: list = []
         self.pending_tags: list = []
         self.dropped = 0
@@ -108,7 +105,7 @@ class MetricLogger:
         while not self._send() and time.monotonic() < deadline:
             time.sleep(2.0)
         if self.pending and report.get(FINAL_KEY):
-            logger.warning(f"{redact(self.uri)} did not answer within {self.FINAL_WAIT_S:.0f}s after training: "
+            logger.warning(f"{redact(self.run.uri)} did not answer within {self.FINAL_WAIT_S:.0f}s after training: "
                            f"{len(self.pending)} metric values were not logged")
 
     def _send(self) -> bool:
@@ -117,33 +114,31 @@ class MetricLogger:
 
         sent = 0
         try:
-            client = mlflow_client(self.uri)
+            client = self.run.client()
             if self.pending_tags:
-                client.log_batch(self.run_id, tags=self.pending_tags)
+                client.log_batch(self.run.id, tags=self.pending_tags)
                 self.pending_tags = []
             while self.pending:
-                client.log_batch(self.run_id, metrics=self.pending[: self.BATCH])
+                client.log_batch(self.run.id, metrics=self.pending[: self.BATCH])
                 sent += min(self.BATCH, len(self.pending))
                 del self.pending[: self.BATCH]
         except Exception as err:  # any store failure: training must go on
             if self.failing_since is None:
                 self.failing_since = time.monotonic()
-                logger.warning(f"cannot log metrics to {redact(self.uri)} ({type(err).__name__}: {_reason(err)}); "
+                logger.warning(f"cannot log metrics to {redact(self.run.uri)} ({type(err).__name__}: {_reason(err)}); "
                                "training goes on and the metrics are kept until MLflow answers again")
             return False
         if self.failing_since is not None:
             lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
-            logger.warning(f"{redact(self.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
+            logger.warning(f"{redact(self.run.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
                            f"logged {sent} delayed metric values{lost}")
             self.failing_since, self.dropped = None, 0
         return True
 
 
-def log_best(uri: str, run_id: str, val_bleu: float, step: int) -> None:
+def log_best(run: Run, val_bleu: float, step: int) -> None:
     """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
-
-    mlflow_client(uri).log_batch(run_id, metrics=[_metric("best_val_bleu", val_bleu, step),
-                                                 _metric("best_step", float(step), step)])
+    run.log_metrics([_metric("best_val_bleu", val_bleu, step), _metric("best_step", float(step), step)])
 
 
 def _metric(key: str, value: float, step: int):
@@ -154,7 +149,7 @@ def _metric(key: str, value: float, step: int):
     return mlflow.entities.Metric(key, float(value), int(time.time() * 1000), int(step))
 
 
-def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
+def report_callback(run: Run, system_metrics_s: float = 0.0):
     """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place).
 
     With system_metrics_s > 0 it also runs MLflow's system-metrics monitor (CPU, memory, disk, network,
@@ -166,7 +161,7 @@ def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
 
     class MLflowReportCallback(UserCallback):
         def __init__(self):
-            self.logger = MetricLogger(uri, run_id)
+            self.logger = MetricLogger(run)
             self.monitor = None
 
         def _watch_system(self, final: bool) -> None:
@@ -175,8 +170,8 @@ def report_callback(uri: str, run_id: str, system_metrics_s: float = 0.0):
             if self.monitor is None and not final and system_metrics_s > 0:
                 # Its start and stop INFO lines would reach the driver's terminal from this actor.
                 logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-                self.monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, resume_logging=True,
-                                                    tracking_uri=uri)
+                self.monitor = SystemMetricsMonitor(run.id, sampling_interval=system_metrics_s, resume_logging=True,
+                                                    tracking_uri=run.uri)
                 self.monitor.start()
             elif self.monitor is not None and final:
                 self.monitor.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +207,59 @@ def artifact_location(uri: str) -> str | None:
     return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns")
 
 
-def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
-              parent_run_id: str | None = None, source: str = "nmt", adopt_run_id: str | None = None) -> str:
-    """The id of the MLflow run for run_name: the existing one when resuming, else a new one.
+@dataclass
+class Run:
+    """One MLflow run (its tracking URI and id): what the track/ functions log to."""
+
+    uri: str
+    id: str
+    end_status: str = field(default="FINISHED", compare=False)  # how mlflow_run ends it when its block ends
+    end_tags: dict[str, str] = field(default_factory=dict, compare=False)  # and the last tags it sets then
+
+    def client(self):
+        """The MLflow client of the run's store."""
+        return mlflow_client(self.uri)
+
+    def log_artifacts(self, paths: list[str | Path], artifact_path: str | None = None) -> None:
+        """Copy files into the run's artifacts."""
+        client = self.client()
+        for path in paths:
+            client.log_artifact(self.id, str(path), artifact_path)
+
+    def log_datasets(self, datasets: list[dict[str, Any]]) -> None:
+        """Record datasets as the run's inputs (the UI's Datasets column); each dict: name, digest, source,
+        context, profile. Logging the same ones again (a resumed run) adds nothing."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36],
+                                       source_type="s3" if d["source"].startswith("s3://") else "local",
+                                       source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
+                               tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
+        self.client().log_inputs(self.id, datasets=inputs)
+
+    def log_metrics(self, entries: list) -> None:
+        """Log MLflow Metric entries (at their own steps and times), a batch of at most 1000 at a time."""
+        client = self.client()
+        for start in range(0, len(entries), 1000):
+            client.log_batch(self.id, metrics=entries[start: start + 1000])
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) pairs of a metric, in step order."""
+        return sorted((m.step, m.value) for m in self.client().get_metric_history(self.id, key))
+
+    def end(self, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:
+        """Mark the run ended (FINISHED, FAILED or KILLED), with any last tags: mlflow_run's, or a stopped trial's."""
+        client = self.client()
+        for key, value in (tags or {}).items():
+            client.set_tag(self.id, key, redact(value))
+        client.set_terminated(self.id, status=status)
+
+
+def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
+             parent_run_id: str | None = None, source: str = "nmt", adopt_run_id: str | None = None) -> Run:
+    """The MLflow run for run_name, RUNNING: the existing one when resuming, else a new one (mlflow_run ends it).
 
     `source` is the command that made the run (e.g. "nmt train"), shown as the run's Source.
     `adopt_run_id` is a run made for this command by someone else (`mlflow run` sets MLFLOW_RUN_ID):
@@ -225,7 +277,7 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     if existing:
         run_id = existing[0].info.run_id
         client.update_run(run_id, status="RUNNING")
-        return run_id
+        return Run(uri, run_id)
     all_tags = {**standard_tags(source), RUN_NAME_TAG: run_name, "mlflow.runName": run_name,
                 **{key: redact(value) for key, value in tags.items()}}
     if parent_run_id:
@@ -246,50 +298,34 @@ def start_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], 
     for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
         client.log_batch(run_id, params=[
             mlflow.entities.Param(k, redact(str(v))[:6000]) for k, v in items[start: start + 100]])
-    return run_id
+    return Run(uri, run_id)
+
+
+@contextlib.contextmanager
+def mlflow_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
+               parent_run_id: str | None = None, source: str = "nmt", adopt_run_id: str | None = None):
+    """The one place a run starts and ends: open_run(...) for the block, then FINISHED, KILLED (Ctrl-C) or FAILED.
+
+    The block sets run.end_tags (and run.end_status, e.g. KILLED for a rejected trial) for a normal end.
+    A SystemExit leaves the run RUNNING: that is Tune stopping a trial (ASHA), which the sweep's summary
+    marks as an early stop. The driver turns Ray Train's own Ctrl-C exit into KeyboardInterrupt first.
+    """
+    run = open_run(uri, experiment, run_name, params, tags, parent_run_id, source, adopt_run_id)
+    try:
+        yield run
+    except KeyboardInterrupt:
+        run.end("KILLED")
+        raise
+    except Exception:
+        run.end("FAILED")
+        raise
+    run.end(run.end_status, run.end_tags)
 
 
 def error_line(err: Exception) -> str:
     """An error's first line for a one-line message: redacted, then cut at 300 characters; its type if empty."""
     text = str(err).strip()
     return redact(text.splitlines()[0])[:300] if text else type(err).__name__
-
-
-def log_datasets(uri: str, run_id: str, datasets: list[dict[str, Any]]) -> None:
-    """Record datasets as the run's inputs (the UI's Datasets column); each dict: name, digest, source, context,
-    profile. Logging the same ones again (a resumed run) adds nothing."""
-    import json
-
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36],
-                                   source_type="s3" if d["source"].startswith("s3://") else "local",
-                                   source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
-                           tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
-    mlflow_client(uri).log_inputs(run_id, datasets=inputs)
-
-
-def log_artifacts(uri: str, run_id: str, paths: list[str | Path], artifact_path: str | None = None) -> None:
-    """Copy files into the run's artifacts."""
-
-    client = mlflow_client(uri)
-    for path in paths:
-        client.log_artifact(run_id, str(path), artifact_path)
-
-
-def end_run(uri: str, run_id: str, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:
-    """Mark the run finished (or FAILED / KILLED), with any last tags."""
-
-    client = mlflow_client(uri)
-    for key, value in (tags or {}).items():
-        client.set_tag(run_id, key, redact(value))
-    client.set_terminated(run_id, status=status)
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) pairs of a metric, in step order."""
-
-    return sorted((m.step, m.value) for m in mlflow_client(uri).get_metric_history(run_id, key))
 
 
 def credentials() -> dict[str, str]:

@@ -1,9 +1,12 @@
-"""What `nmt train` and `nmt tune` share around a fit: the start-up, the tracked MLflow run, Ctrl-C.
+"""What `nmt train` and `nmt tune` share around a fit: the start-up, the tracked MLflow run, the trainer, Ctrl-C.
 
     setup = prepare_run(cfg, address)              # MLflow answers, Ray is up and big enough, data prepared
-    run_id = start_tracked_run(setup, cfg, "nmt train", name, ...)  # the MLflow run (found again on resume)
-    with tracked_fit(setup.uri, run_id):           # Ctrl-C -> KILLED, an error -> FAILED
-        result = trainer.fit()
+    with tracked_run(setup, cfg, "nmt train", name, ...) as run:   # found again on resume; inputs logged
+        trainer = build_trainer(cfg, setup.manifest, name, ...)    # the one TorchTrainer of train and tune
+        with fit_interrupts():                     # Ray's Ctrl-C exit becomes KeyboardInterrupt
+            result = trainer.fit()
+        ...                                        # publish; run.end_tags
+    # the run is FINISHED with its end_tags, KILLED on Ctrl-C, FAILED on an error
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..common import storage
+from ..common import log, storage
 from ..common.cluster import ensure_ray
 from ..config import Config
 from ..data.manifest import Manifest
@@ -62,39 +66,80 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     return RunSetup(uri, manifest, storage_path, found, parent.stage(found, storage_path))
 
 
-def start_tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: dict, tags: dict[str, str],
-                      config_file: str | None, extra_files: tuple[str, ...] = ()) -> str:
-    """The MLflow run called `name` (the existing one when resuming) of command `source`, inputs logged."""
+@contextlib.contextmanager
+def tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: dict, tags: dict[str, str],
+                config_file: str | None, extra_files: tuple[str, ...] = ()) -> Iterator[tracking.Run]:
+    """The MLflow run called `name` (the existing one when resuming) of command `source`, its inputs logged,
+    for the block: FINISHED with run.end_tags when it ends, KILLED on Ctrl-C, FAILED on an error."""
     manifest = setup.manifest
     tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
-            "tokenizer_sha256": manifest.content["tokenizer"]["sha256"], **tags}
+            "tokenizer_sha256": manifest.tokenizer_info.sha256, **tags}
     if setup.parent is not None:  # a fine-tuned run names the model it started from
         tags.update({"parent_model": setup.parent.described, "init_from": setup.parent.spec})
     # Under `mlflow run`, MLflow has made this command's run already: it becomes the run (the first
     # one only: `nmt demo` starts a sweep, then a training run).
-    run_id = tracking.start_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,
-                                adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None))
-    log_inputs(setup.uri, run_id, cfg, manifest, config_file, extra_files)
-    return run_id
+    with tracking.mlflow_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,
+                             adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None)) as run:
+        log_inputs(run, cfg, manifest, config_file, extra_files)
+        yield run
+
+
+def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
+                  callbacks: list | None = None, init: dict | None = None):
+    """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial.
+
+    init (RunSetup.init()): the parent model's staged weights, when fine-tuning.
+    """
+    # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
+    # and a timed-out attempt can leave its placement group behind for the retry to wait on.
+    # Ray propagates this variable from the process calling fit() to the controller.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from .loop import train_loop
+
+    train = cfg.train
+    # Elastic: Ray Train starts with what fits (at least min_workers) and resizes as nodes come and go.
+    scaling = ScalingConfig(
+        num_workers=(train.min_workers, train.num_workers) if train.elastic else train.num_workers,
+        use_gpu=train.use_gpu, resources_per_worker=train.worker_bundle(),
+        placement_strategy=train.placement_strategy, elastic_resize_monitor_interval_s=train.resize_interval_s,
+    )
+    run_config = RunConfig(
+        name=run_name, storage_path=storage_path,
+        # A preempted node is not a failure: its restarts count against a budget of their own.
+        # Restarted before it sees the reclaimed node gone, Ray Train would count the node and wait to place a
+        # worker on it: its elastic policy learns of nodes from a coordinator that refreshes every 20 s.
+        failure_config=FailureConfig(max_failures=train.max_failures,
+                                     max_preemption_failures=train.max_preemption_failures,
+                                     preemption_grace_s=train.preemption_grace_s),
+        # The best K by val_bleu; Ray Train also keeps the latest one, which resume needs.
+        checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints,
+                                           checkpoint_score_attribute="val_bleu", checkpoint_score_order="max"),
+        callbacks=callbacks or [],
+        logging_config=LoggingConfig(log_level="WARNING"),  # our own progress lines say enough
+    )
+    # Ray's Train state API shows train_loop_config: no login of a URI in it (workers never log to MLflow).
+    # attempt: this fit's id, so that a checkpoint tells the loop whether a resume is a new command's.
+    loop_config = tracking.redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
+                                     "init": init, "attempt": uuid.uuid4().hex})
+    return TorchTrainer(train_loop, train_loop_config=loop_config,
+                        scaling_config=scaling, run_config=run_config)
 
 
 @contextlib.contextmanager
-def tracked_fit(uri: str, run_id: str):
-    """Around Trainer.fit() or Tuner.fit(): Ctrl-C marks the run KILLED (a rerun resumes it), an error FAILED.
+def fit_interrupts():
+    """Around Trainer.fit() or Tuner.fit(): Ray Train's Ctrl-C exit becomes KeyboardInterrupt (the run: KILLED).
 
     Yields the SIGINT handler from before the fit (a sweep compares it to tell Ctrl-C from the end) and puts
-    it back after:
-    Ray Train's handler outlives fit(), and a later Ctrl-C (while publishing) would exit 0.
+    it back after: Ray Train's handler outlives fit(), and a later Ctrl-C (while publishing) would exit 0.
     """
     handler = signal.getsignal(signal.SIGINT)
     try:
-        try:
-            yield handler
-        except SystemExit:  # Ray Train's Ctrl-C handler aborts the run, then exits: it was an interrupt
-            raise KeyboardInterrupt from None
-    except BaseException as err:
-        tracking.end_run(uri, run_id, status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
-        raise
+        yield handler
+    except SystemExit:  # Ray Train's Ctrl-C handler aborts the run, then exits: it was an interrupt
+        raise KeyboardInterrupt from None
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, handler)

@@ -63,11 +63,11 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
             # Tune stopped the trial between reports: ASHA's early stop.
             # A stop by the scheduler is how a sweep works, not a failure: FINISHED, and tagged.
             row["status"] = "STOPPED_EARLY"
-            tracking.end_run(uri, row["run_id"], tags={"stopped_early": "asha"})
+            tracking.Run(uri, row["run_id"]).end(tags={"stopped_early": "asha"})
         elif run is not None and run.data.tags.get("stopped_early"):
             row["status"] = "STOPPED_EARLY"
         if run is not None and not math.isnan(row["val_bleu"]):  # what the runs table should compare
-            reports.log_best(uri, row["run_id"], row["val_bleu"], row.get("best_step", 0))
+            reports.log_best(tracking.Run(uri, row["run_id"]), row["val_bleu"], row.get("best_step", 0))
         trials.append(row)
     return trials
 
@@ -85,7 +85,7 @@ def best_trial(trials: list[dict], mode: str) -> dict | None:
     return (max if mode == "max" else min)(scored, key=lambda t: t["val_bleu"])
 
 
-def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: dict | None, space: dict) -> None:
+def log_summary(parent: tracking.Run, cfg: Config, trials: list[dict], best: dict | None, space: dict) -> None:
     """trials.csv, best_config.yaml and val_bleu-per-hyperparameter plots in the parent run."""
     import csv
 
@@ -95,7 +95,7 @@ def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: di
                "trials_rejected": sum(t["status"] == "REJECTED" for t in trials)}
     if best:
         metrics["best_val_bleu"] = best["val_bleu"]
-    reports.log_metrics(uri, parent, metrics)
+    reports.log_metrics(parent, metrics)
     with tempfile.TemporaryDirectory() as tmp:
         files = [Path(tmp) / "trials.csv"]
         with open(files[0], "w", newline="") as handle:
@@ -109,7 +109,7 @@ def log_summary(uri: str, parent: str, cfg: Config, trials: list[dict], best: di
             files[-1].write_text(tracking.redact(yaml.safe_dump(apply(cfg, best["params"])[0].to_dict(),
                                                                 sort_keys=False)))
         files += save_sweep_plots(space, trials, Path(tmp))
-        tracking.log_artifacts(uri, parent, files)
+        parent.log_artifacts(files)
 
 
 def format_trials(outcome) -> str:

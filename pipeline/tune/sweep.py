@@ -19,8 +19,7 @@ from ..common.errors import UserError
 from ..config import Config, config_from_dict
 from ..track import reports, tracking
 from ..track.publish import dataset_inputs, publish
-from ..train.driver import build_trainer
-from ..train.run import prepare_run, start_tracked_run, tracked_fit
+from ..train.run import RunSetup, build_trainer, fit_interrupts, prepare_run, tracked_run
 from .search_space import apply, base_point, grid_size, largest, load_space, to_tune
 from .summary import SweepOutcome, best_trial, log_summary, summarize, trial_lines
 
@@ -69,23 +68,22 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     tracking.use_credentials(setup["credentials"])
     trial_id = tune.get_context().get_trial_id()
     cfg, problem = apply(config_from_dict(setup["base"]), params)
-    uri = setup["uri"]
-    child = tracking.start_run(uri, setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(),
-                               {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
-                                **{f"param.{k}": str(v) for k, v in params.items()}},
-                               parent_run_id=setup["parent_run_id"], source="nmt tune (trial)")
-    if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
-        tracking.end_run(uri, child, status="KILLED", tags={"rejected": problem})
-        tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
-        return
-    manifest = load_manifest(setup["data_path"])
-    tracking.log_datasets(uri, child, dataset_inputs(manifest))  # what the compare view lists per trial
-    trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
-                            callbacks=[_validation_reports(),
-                                       reports.report_callback(uri, child, cfg.tracking.system_metrics_s)],
-                            init=setup["init"])
-    trainer.fit()
-    tracking.end_run(uri, child)
+    tags = {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
+            **{f"param.{k}": str(v) for k, v in params.items()}}
+    # A trial ASHA stops leaves its run RUNNING (see mlflow_run): summarize() marks it stopped early.
+    with tracking.mlflow_run(setup["uri"], setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(), tags,
+                             parent_run_id=setup["parent_run_id"], source="nmt tune (trial)") as child:
+        if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
+            child.end_status, child.end_tags = "KILLED", {"rejected": problem}
+            tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
+            return
+        manifest = load_manifest(setup["data_path"])
+        child.log_datasets(dataset_inputs(manifest))  # what the compare view lists per trial
+        trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
+                                callbacks=[_validation_reports(),
+                                           reports.report_callback(child, cfg.tracking.system_metrics_s)],
+                                init=setup["init"])
+        trainer.fit()
 
 
 def _check_state_api(cfg: Config) -> None:
@@ -171,10 +169,9 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
 
     space = load_space(space_path, cfg)  # a bad space fails here, before MLflow, Ray or data
     space_text = Path(space_path).read_text(encoding="utf-8")
-    run = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
-    uri, manifest, storage = run.uri, run.manifest, run.storage_path
+    prepared = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
     name = cfg.tune.name or default_sweep_name(cfg, space_text)
-    path = f"{storage}/{name}"
+    path = f"{prepared.storage_path}/{name}"
     exists = tune.Tuner.can_restore(path)
     if resume is None:
         resume = exists
@@ -183,12 +180,21 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                         f"or --set tune.name=NEW for a new one")
     if resume and not exists:
         raise UserError(f"no sweep to resume at {path}; run it once without --resume")
-    parent = start_tracked_run(run, cfg, "nmt tune", name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
-                               config_file, extra_files=(space_path,))
-    logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent}, results in {path}")
-    setup = {"base": cfg.to_dict(), "data_path": manifest.path, "uri": uri, "experiment": cfg.tracking.experiment,
-             "parent_run_id": parent, "sweep": name, "train_storage": f"{path}/train", "log_level": log.level(),
-             "init": run.init(),
+    with tracked_run(prepared, cfg, "nmt tune", name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
+                     config_file, extra_files=(space_path,)) as parent:
+        logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent.id}, results in {path}")
+        trials, best, registered = _fit_and_publish(cfg, space, prepared, parent, name, path, exists)
+    return SweepOutcome(name, parent.id, trials, best, registered, path)
+
+
+def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: tracking.Run, name: str, path: str,
+                     exists: bool) -> tuple[list[dict], dict | None, Any]:
+    """Run (or restore) the Tuner under the parent run, summarize its trials, publish the best one."""
+    from ray import tune
+
+    setup = {"base": cfg.to_dict(), "data_path": prepared.manifest.path, "uri": prepared.uri,
+             "experiment": cfg.tracking.experiment, "parent_run_id": parent.id, "sweep": name,
+             "train_storage": f"{path}/train", "log_level": log.level(), "init": prepared.init(),
              # Trials run on any node, without this process's environment: the MLflow login goes with them.
              "credentials": tracking.credentials()}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
@@ -203,26 +209,26 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
             tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
                                         scheduler=_scheduler(cfg, space), search_alg=search_alg),
             # Tune's status tables only with `nmt -v`; by default one line per trial start and end.
-            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=int(log.verbose()),
+            run_config=tune.RunConfig(name=name, storage_path=prepared.storage_path, verbose=int(log.verbose()),
                                       callbacks=[trial_lines(cfg.train.max_steps)]),
         )
-    with tracked_fit(uri, parent) as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
+    with fit_interrupts() as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
         results = tuner.fit()
         if _interrupted(handler_before_fit):
             raise KeyboardInterrupt
-    trials = summarize(uri, cfg, results, space)
+    trials = summarize(prepared.uri, cfg, results, space)
     best = best_trial(trials, cfg.tune.mode)
     registered = None
     if best is not None:
         from ray.train import Checkpoint
 
         best_cfg = apply(cfg, best["params"])[0]
-        registered = publish(best_cfg, uri, best["run_id"], Checkpoint(best["checkpoint_path"]),
-                             {"val_bleu": best["val_bleu"]}, manifest, register=cfg.tracking.register)
-    log_summary(uri, parent, cfg, trials, best, space)
-    tracking.end_run(uri, parent, tags={"best_trial": best["trial_id"] if best else "",
-                                        "best_val_bleu": f"{best['val_bleu']:.2f}" if best else ""})
-    return SweepOutcome(name, parent, trials, best, registered, path)
+        registered = publish(best_cfg, tracking.Run(prepared.uri, best["run_id"]), Checkpoint(best["checkpoint_path"]),
+                             {"val_bleu": best["val_bleu"]}, prepared.manifest, register=cfg.tracking.register)
+    log_summary(parent, cfg, trials, best, space)
+    parent.end_tags.update({"best_trial": best["trial_id"] if best else "",
+                            "best_val_bleu": f"{best['val_bleu']:.2f}" if best else ""})
+    return trials, best, registered
 
 
 def _interrupted(handler_before_fit) -> bool:
