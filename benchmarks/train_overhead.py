@@ -37,8 +37,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.data.prepare import prepare  # noqa: E402
-from pipeline.train.driver import build_trainer  # noqa: E402
 from pipeline.train.loop import train_loop  # noqa: E402
+from pipeline.train.run import build_trainer  # noqa: E402
 from pipeline.train.workers import TorchrunContext  # noqa: E402
 
 TARGET_RAY_OVER_BARE = 0.95
@@ -193,7 +193,7 @@ def main(argv=None):
         "what": ("median over log windows (first dropped) of the loop's tokens_per_s: target (non-pad) "
                  "tokens per second, all workers together (rank 0's figure, after update()'s all-reduce)"),
         "machine": info, "loadavg_1m": {"start": round(load_before, 2), "end": round(load_after, 2)},
-        "data": {"train_pairs": manifest.content["splits"]["train"]["pairs"], "max_tokens_per_worker": max_tokens,
+        "data": {"train_pairs": manifest.splits["train"].pairs, "max_tokens_per_worker": max_tokens,
                  "model": model},
         "steps": args.steps, "log_every": LOG_EVERY, "threads": THREADS,
         "bare_default_threads_count": default_threads, "ray_worker_threads": ray_worker_threads,

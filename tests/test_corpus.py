@@ -9,8 +9,7 @@ import pytest
 
 from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig
-from pipeline.data.corpus import source_fingerprint
-from pipeline.data.sources import parquet_source, read_corpus
+from pipeline.data.kinds import ParquetFiles, read_corpus, source_fingerprint
 from pipeline.data.textfiles import LineFormat, index_file, read_lines, read_lines_at, run_here
 
 
@@ -157,7 +156,7 @@ def test_the_wmt14_config_reads_the_hubs_parquet_shards(tmp_path):
 
 
 def parquet_rows(cfg, split: str, first: int, count: int) -> list[str]:
-    return parquet_source(cfg).pairs(split, first, count).column("src").to_pylist()
+    return ParquetFiles().opened(cfg).pairs(split, first, count).column("src").to_pylist()
 
 
 def test_a_hub_dataset_saved_with_save_to_disk_reads_as_arrow(tmp_path):
@@ -227,7 +226,7 @@ def test_parquet_is_checked_from_its_footer_and_read_by_runs_of_rows_across_row_
                    row_group_size=4)
     pq.write_table(pa.table({"translation": pairs[:3], "id": [0, 1, 2]}), tmp_path / "val.parquet")
     cfg = files_config(tmp_path, format="parquet", src_field="translation.en", tgt_field="translation.de")
-    source = parquet_source(cfg)
+    source = ParquetFiles().opened(cfg)
     assert source.counts == {"train": 25, "validation": 3}
     for first, count in [(0, 25), (3, 6), (4, 4), (21, 4), (24, 1), (7, 0)]:
         table = source.pairs("train", first, count)
@@ -242,4 +241,4 @@ def test_a_missing_value_in_a_later_row_group_names_its_row_in_the_file(tmp_path
                    row_group_size=5)
     pq.write_table(pa.table({"en": ["a"], "de": ["b"]}), tmp_path / "val.parquet")
     with pytest.raises(CorpusError, match=r"train\.parquet: column 'en' has 1 missing values \(the first in row 13\)"):
-        parquet_source(files_config(tmp_path, format="parquet"))
+        ParquetFiles().opened(files_config(tmp_path, format="parquet"))

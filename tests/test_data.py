@@ -15,9 +15,10 @@ import ray
 from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig, load_config
 from pipeline.data.encode import EncodeBatch, encode_table, length_counts, normalize
+from pipeline.data.kinds import LineFiles
 from pipeline.data.manifest import load_manifest
 from pipeline.data.prepare import prepare, split_entries
-from pipeline.data.sources import BLOCK_PAIRS, TableSource, labeled, line_file_source, plan_blocks, ray_tasks
+from pipeline.data.sources import BLOCK_PAIRS, TableSource, labeled, plan_blocks, ray_tasks
 from pipeline.text.tokenizer import train_tokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -184,7 +185,7 @@ def test_line_files_read_on_ray_by_line_ranges_give_the_pairs_read_in_one_piece(
     for lang in ("en", "de"):
         (tmp_path / f"val.{lang}").write_text("a\nb\n", encoding="utf-8")
     cfg = DataConfig(source="files", path=str(tmp_path), splits={"train": "train", "validation": "val"})
-    source = line_file_source(cfg, *ray_tasks(here=True), chunk_bytes=100, stride=7)
+    source = LineFiles().opened(cfg, *ray_tasks(here=True), chunk_bytes=100, stride=7)
     assert source.counts == {"train": 500, "validation": 2}
     plan = [[("train", 0, 13)], [("train", 13, 300), ("validation", 0, 2)], [("train", 313, 187)]]
     rows = pa.concat_tables(ray.get(source.dataset(plan).to_arrow_refs()))
@@ -213,10 +214,10 @@ def test_manifest_statistics_from_length_counts_equal_those_of_the_pairs():
         mine = encoded.filter(pc.equal(encoded["split"], split))
         drops = mine["drop"].to_numpy(zero_copy_only=False)
         tgt = mine["tgt_len"].to_numpy()[drops == ""]
-        assert entry["pairs"] == len(tgt) and entry["dropped"]["ratio"] == int((drops == "ratio").sum())
-        assert entry["tgt_tokens"] == tgt.sum() and entry["tgt_tokens_max"] == tgt.max()
-        assert entry["tgt_tokens_p99"] == np.percentile(tgt, 99)
-        assert entry["src_tokens_mean"] == mine["src_len"].to_numpy()[drops == ""].mean()
+        assert entry.pairs == len(tgt) and entry.dropped["ratio"] == int((drops == "ratio").sum())
+        assert entry.tgt_tokens == tgt.sum() and entry.tgt_tokens_max == tgt.max()
+        assert entry.tgt_tokens_p99 == np.percentile(tgt, 99)
+        assert entry.src_tokens_mean == mine["src_len"].to_numpy()[drops == ""].mean()
 
 
 def test_a_block_is_encoded_in_slices_and_an_empty_block_counts_nothing():

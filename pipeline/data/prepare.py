@@ -21,10 +21,19 @@ from ..common import log, storage
 from ..common.errors import CorpusError, UserError
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
-from .corpus import check_source, source_fingerprint
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
-from .manifest import FORMAT_VERSION, MANIFEST, VERSION_PREFIX, Manifest, list_files, load_manifest
-from .sources import TableSource, open_source, plan_blocks, tokenizer_sample
+from .kinds import check_source, open_source, source_fingerprint
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    VERSION_PREFIX,
+    Manifest,
+    SplitStats,
+    TokenizerInfo,
+    list_files,
+    load_manifest,
+)
+from .sources import TableSource, plan_blocks, tokenizer_sample
 
 logger = log.get("prepare")
 
@@ -87,30 +96,25 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
         splits = prepare_splits(source, tokenizer, cfg, out)
         for split, files in list_files(out, list(splits)).items():
             rows = sum(f["rows"] for f in files.values())
-            if rows != splits[split]["pairs"]:  # a shard lost or written twice: never publish it
-                raise CorpusError(f"{storage.join(out, split)}: {rows:,} rows written, {splits[split]['pairs']:,} "
+            if rows != splits[split].pairs:  # a shard lost or written twice: never publish it
+                raise CorpusError(f"{storage.join(out, split)}: {rows:,} rows written, {splits[split].pairs:,} "
                                   f"pairs counted; run `nmt prepare --force` again")
-            splits[split]["files"] = files
+            splits[split] = dataclasses.replace(splits[split], files=files)
         files = [path.rsplit("/", 1)[-1] for path in save_tokenizer(tokenizer, out)]
-        content = {
-            "format_version": FORMAT_VERSION, "fingerprint": final.rstrip("/").rsplit("-", 1)[-1],
-            "source": cfg.source, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
-            "source_sha256": src_hash, "config_sha256": cfg_hash, "data_config": dataclasses.asdict(cfg),
-            "splits": splits,
-            "tokenizer": {"type": cfg.tokenizer_type, "joint": tokenizer.joint, "files": files,
-                          "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
-                          "sha256": tokenizer.sha256(), **SPECIAL_IDS},
-            "created_s": round(time.time(), 3), "seconds": round(time.perf_counter() - started, 2),
-        }
-        storage.write_bytes(storage.join(out, MANIFEST), json.dumps(content, indent=2).encode())
+        written = Manifest(
+            out, fingerprint=final.rstrip("/").rsplit("-", 1)[-1], source=cfg.source, src_lang=cfg.src_lang,
+            tgt_lang=cfg.tgt_lang, source_sha256=src_hash, config_sha256=cfg_hash,
+            data_config=dataclasses.asdict(cfg), splits=splits,
+            tokenizer_info=TokenizerInfo(cfg.tokenizer_type, tokenizer.joint, files, tokenizer.src_vocab_size,
+                                         tokenizer.tgt_vocab_size, tokenizer.sha256(), **SPECIAL_IDS),
+            created_s=round(time.time(), 3), seconds=round(time.perf_counter() - started, 2))
+        written.write()
     except BaseException:
         if not storage.is_uri(final):
             storage.remove_dir(out)  # nothing half-written is left behind
         raise
     if storage.is_uri(final):
-        pointer = {"format_version": FORMAT_VERSION, "fingerprint": content["fingerprint"],
-                   "version": out.rsplit("/", 1)[-1], "created_s": content["created_s"]}
-        storage.write_bytes(storage.join(final, MANIFEST), json.dumps(pointer, indent=2).encode())
+        written.write_pointer(final)
     else:
         storage.publish_dir(out, final, replace=force)  # --force replaces; otherwise a concurrent twin's copy stays
     manifest = load_manifest(final)
@@ -155,7 +159,7 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str) -> list[str]:
     return paths
 
 
-def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict:
+def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> dict[str, SplitStats]:
     """Clean, encode, filter and write every split in one Ray Data pipeline; returns the manifest entries.
 
     One pipeline rather than one per split: each Ray Data execution has a fixed cost (planning,
@@ -188,7 +192,7 @@ def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> d
     return split_entries(source.counts, counts)
 
 
-def _prepare_deduplicated(ds, settings: dict, read: dict[str, int], cfg: DataConfig, out: str) -> dict:
+def _prepare_deduplicated(ds, settings: dict, read: dict[str, int], cfg: DataConfig, out: str) -> dict[str, SplitStats]:
     """Encode everything, drop exact duplicates of the training split with a distributed group-by, write."""
     import pyarrow.compute as pc
     import ray
@@ -231,7 +235,7 @@ def _mark_duplicates(block: pa.Table) -> pa.Table:
     return block.set_column(block.schema.get_field_index("drop"), "drop", drop)
 
 
-def split_entries(read: dict[str, int], counts: pa.Table) -> dict:
+def split_entries(read: dict[str, int], counts: pa.Table) -> dict[str, SplitStats]:
     """The manifest's entry per split from length_counts (and pairs read): kept, drops per rule, token statistics."""
     import pyarrow.compute as pc
 
@@ -250,11 +254,9 @@ def split_entries(read: dict[str, int], counts: pa.Table) -> dict:
         tgt_len = np.repeat(mine["tgt_len"].to_numpy()[keep], n[keep])
         logger.info(f"{split}: kept {pairs:,} of {raw:,} pairs (dropped "
                     f"{', '.join(f'{k} {v}' for k, v in dropped.items() if v) or 'none'})")
-        entries[split] = {
-            "pairs": pairs, "read": int(raw), "dropped": dropped,
-            "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
-            "src_tokens_mean": float(src_len.mean()), "tgt_tokens_mean": float(tgt_len.mean()),
-            "src_tokens_max": int(src_len.max()), "tgt_tokens_max": int(tgt_len.max()),
-            "tgt_tokens_p99": float(np.percentile(tgt_len, 99)),
-        }
+        entries[split] = SplitStats(
+            pairs=pairs, read=int(raw), dropped=dropped, src_tokens=int(src_len.sum()), tgt_tokens=int(tgt_len.sum()),
+            src_tokens_mean=float(src_len.mean()), tgt_tokens_mean=float(tgt_len.mean()),
+            src_tokens_max=int(src_len.max()), tgt_tokens_max=int(tgt_len.max()),
+            tgt_tokens_p99=float(np.percentile(tgt_len, 99)))
     return entries

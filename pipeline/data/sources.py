@@ -1,4 +1,5 @@
-"""What `nmt prepare` reads: pairs per split, a tokenizer sample, and a Ray Dataset of labeled blocks.
+"""How `nmt prepare` reads any corpus (kinds.py opens them): pairs per split, a tokenizer sample, and a Ray Dataset
+of labeled blocks.
 
 Files are read by Ray tasks, as runs of rows: line files (text, TSV, JSONL) through a sparse
 line index that their scan tasks build, Parquet files by row group (the driver reads only
@@ -16,12 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..common import storage
-from ..common.errors import CorpusError
-from ..config import DataConfig
-from .corpus import check_source, field_keys, read_tables, split_files
-from .parquetfiles import ParquetReader, check_parquet
-from .textfiles import LineFormat, LineIndex, index_file, read_pairs, run_here
+from .textfiles import LineFormat, LineIndex, read_pairs, run_here
 
 # Pairs per Ray Data block (one task; a Parquet file per split in it): large, so that each
 # task's fixed cost (scheduling, files) stays small; benchmarks/prepare.py measures it.
@@ -140,38 +136,6 @@ class LineReader:
         return read_pairs(self.indexes[split], self.fmt, first, count)
 
 
-def line_file_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None, **scan_settings) -> RangeSource:
-    """Text pairs, TSV or JSONL files, scanned by `run` (scan_settings: index_file's)."""
-    root = cfg.path
-    if cfg.format == "text":
-        fmt = LineFormat("text", on_bad_utf8=cfg.on_bad_utf8)
-        files = {split: [storage.join(root, f"{stem}.{cfg.src_lang}"), storage.join(root, f"{stem}.{cfg.tgt_lang}")]
-                 for split, stem in cfg.splits.items()}
-    else:
-        fmt = LineFormat(cfg.format, *field_keys(cfg), cfg.on_bad_utf8)
-        files = {split: [storage.join(root, f"{stem}.{cfg.format}")] for split, stem in cfg.splits.items()}
-    indexes = {}
-    for split, paths in files.items():
-        indexes[split] = [index_file(path, fmt, run, **scan_settings) for path in paths]
-        if len(paths) == 2 and indexes[split][0].lines != indexes[split][1].lines:
-            raise _mismatch(*indexes[split])
-    return RangeSource(LineReader(indexes, fmt), {split: found[0].lines for split, found in indexes.items()},
-                       run, remote_args, files)
-
-
-def parquet_source(cfg: DataConfig, run=run_here, remote_args: dict | None = None) -> RangeSource:
-    """A split's Parquet files (one, or a glob's matches), checked from their footers."""
-    paths = {split: split_files(cfg.path, stem) for split, stem in cfg.splits.items()}
-    rows = {split: [check_parquet(path, cfg) for path in files] for split, files in paths.items()}
-    return RangeSource(ParquetReader(paths, rows, cfg), {split: sum(n) for split, n in rows.items()},
-                       run, remote_args, paths)
-
-
-def _mismatch(src: LineIndex, tgt: LineIndex) -> CorpusError:
-    return CorpusError(f"parallel files differ in length: {src.path} has {src.lines} lines, {tgt.path} has "
-                       f"{tgt.lines}; they must pair line by line (nothing was truncated)")
-
-
 def _take_pairs(reader, first: int, count: int, rows: list[int]) -> pa.Table:
     """Task: some rows (relative to first) of a run of pairs, so only the sample travels back."""
     return reader("train", first, count).take(rows)
@@ -181,21 +145,6 @@ def _read_blocks(batch: dict[str, np.ndarray], reader) -> pa.Table:
     """Ray Data task: the labeled pairs of one planned block."""
     return pa.concat_tables(labeled(reader(split, first, count), split, first)
                             for pieces in batch["pieces"] for split, first, count in json.loads(pieces))
-
-
-def open_source(cfg: DataConfig, on_ray: bool = False):
-    """The corpus as a TableSource or RangeSource; on_ray: scans and reads run as Ray tasks.
-
-    Local files' tasks are pinned to this node (ray_here): another node of the cluster need
-    not have them. Storage URIs are read by tasks wherever they run. The config has passed
-    check_source.
-    """
-    if cfg.source != "files":
-        return TableSource(read_tables(cfg))
-    opener = parquet_source if cfg.format == "parquet" else line_file_source
-    if not on_ray:
-        return opener(cfg)
-    return opener(cfg, *ray_tasks(here=not storage.is_uri(cfg.path)))
 
 
 def ray_tasks(here: bool) -> tuple:
@@ -223,10 +172,3 @@ def tokenizer_sample(source, size: int, seed: int) -> tuple[list[str], list[str]
                           "tgt": np.array(table.column("tgt").to_pylist(), dtype=object)})
     keep = sample["drop"] == ""
     return list(sample["src"][keep]), list(sample["tgt"][keep])
-
-
-def read_corpus(cfg: DataConfig) -> dict[str, pa.Table]:
-    """Every configured split as a (src, tgt) table, read in this process (small corpora, tests, benchmarks)."""
-    check_source(cfg)
-    source = open_source(cfg)
-    return {split: source.pairs(split, 0, n) for split, n in source.counts.items()}
