@@ -15,18 +15,18 @@ class TransformerConfig:
 
     vocab_size: int = 37_000  # shared source/target vocabulary (or the source one)
     tgt_vocab_size: int | None = None  # None: one vocabulary shared by both sides
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
+    d_model: int = 512  # model width
+    d_ff: int = 2048  # inner size of the feed-forward layers
+    num_heads: int = 8  # attention heads; must divide d_model
+    num_encoder_layers: int = 6  # encoder layers
+    num_decoder_layers: int = 6  # decoder layers
     dropout: float = 0.1  # P_drop: sublayer outputs and embeddings + positions
-    attention_dropout: float = 0.0  # on attention weights; not in the paper
+    attention_dropout: float = 0.0  # dropout on attention weights; not in the paper
     label_smoothing: float = 0.1  # epsilon_ls; used by the training loss
     max_positions: int = 1024  # longest sequence the positional encoding covers
-    positional_encoding: str = "sinusoidal"  # or "learned"
-    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
-    tie_embeddings: bool = True  # share embeddings and pre-softmax weights (Sec. 3.4)
+    positional_encoding: str = "sinusoidal"  # sinusoidal | learned
+    norm_first: bool = False  # true: pre-norm; false: post-norm as in the paper
+    tie_embeddings: bool = True  # share embeddings and pre-softmax weights (Sec. 3.4; needs a joint vocabulary)
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     unk_id: int = 1

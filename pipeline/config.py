@@ -16,10 +16,9 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
-from .common.errors import UserError
+from model.config import PRESETS, TransformerConfig  # no torch: the model package loads it on first use
 
-if typing.TYPE_CHECKING:  # torch is imported only where a model is built, not by Ray Data workers
-    from model import TransformerConfig
+from .common.errors import UserError
 
 
 class ConfigError(UserError):
@@ -78,23 +77,32 @@ class DataConfig:
     num_shards: NonNegativeInt = 0  # Parquet files per split (at most); 0: one per block (up to 100k pairs)
 
 
+# TransformerConfig's fields that no model.* key sets: the data decides the vocabularies and the
+# tokenizer the special ids, train.label_smoothing the loss; the norm's epsilon stays PyTorch's.
+SET_ELSEWHERE = ("vocab_size", "tgt_vocab_size", "label_smoothing", "layer_norm_eps", "pad_id", "unk_id", "bos_id",
+                 "eos_id")
+
+
 @dataclass
-class ModelConfig:
+class ModelPreset:
     """A TransformerConfig preset plus overrides; None keeps the preset's value."""
 
-    preset: Literal["tiny", "base", "big"] = "tiny"  # Table 3 of the paper; tiny is CPU-sized
-    d_model: int | None = None  # model width
-    d_ff: int | None = None  # inner size of the feed-forward layers
-    num_heads: int | None = None  # attention heads; must divide d_model
-    num_layers: int | None = None  # both stacks; the two below win if set
-    num_encoder_layers: int | None = None  # encoder layers
-    num_decoder_layers: int | None = None  # decoder layers
-    dropout: float | None = None  # P_drop: sublayer outputs and embeddings + positions
-    attention_dropout: float | None = None  # dropout on attention weights; not in the paper
-    norm_first: bool | None = None  # true: pre-norm; false: post-norm as in the paper
-    positional_encoding: str | None = None  # sinusoidal | learned
-    tie_embeddings: bool | None = None  # share embeddings and pre-softmax weights (needs a joint vocabulary)
-    max_positions: int | None = None  # longest sequence the positional encoding covers
+    preset: Literal[tuple(PRESETS)] = "tiny"  # Table 3 of the paper; tiny is CPU-sized
+    num_layers: int | None = None  # both stacks; num_encoder_layers / num_decoder_layers win if set
+
+
+def _with_overrides(base: type) -> type:
+    """`base` and an override (None: the preset's value) of each TransformerConfig field not SET_ELSEWHERE."""
+    hints = typing.get_type_hints(TransformerConfig)
+    overrides = [(f.name, hints[f.name] | None, field(default=None))
+                 for f in dataclasses.fields(TransformerConfig) if f.name not in SET_ELSEWHERE]
+    return dataclasses.make_dataclass("ModelConfig", overrides, bases=(base,),
+                                      namespace={"__module__": __name__, "__doc__": base.__doc__})
+
+
+# The model section: derived from TransformerConfig, so a new model field is a new key (its meaning: the
+# field's comment in model/config.py).
+ModelConfig = _with_overrides(ModelPreset)
 
 
 @dataclass
@@ -238,8 +246,6 @@ class Config:
 
     def transformer_config(self, vocab_size: int, tgt_vocab_size: int | None = None) -> TransformerConfig:
         """The model's TransformerConfig: the preset, this section's overrides and the data's vocabulary."""
-        from model import TransformerConfig
-
         overrides = {k: v for k, v in dataclasses.asdict(self.model).items() if v is not None and k != "preset"}
         overrides.update(vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size,
                          label_smoothing=self.train.label_smoothing)

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
-from .config import Config, field_type
+from model.config import TransformerConfig
+
+from .config import Config, ModelConfig, ModelPreset, field_type
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,12 @@ def yaml_value(value: Any) -> str:
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment that ends its statement (for a multi-line field(...), the closing line's)."""
+    """Field name -> the comment that ends its statement (for a multi-line field(...), the closing line's).
+
+    ModelConfig is made from TransformerConfig: its overrides mean what the model's fields' comments say.
+    """
+    if cls is ModelConfig:
+        return {**_field_comments(TransformerConfig), **_field_comments(ModelPreset)}
     source = inspect.getsource(cls)
     comments = {token.start[0]: token.string.lstrip("#").strip()
                 for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}

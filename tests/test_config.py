@@ -84,3 +84,26 @@ def test_a_yaml_boolean_word_set_on_a_text_key_stays_the_word():
     assert load_config(None, ["train.use_gpu=yes"]).train.use_gpu is True  # a bool key keeps YAML's reading
     with pytest.raises(ConfigError, match=r"train\.amp must be of type str, got True"):
         load_config(None, ["train.amp=true"])
+
+
+def test_the_model_section_has_a_key_for_each_transformer_field_no_other_section_sets():
+    import dataclasses
+
+    from model import TransformerConfig
+    from pipeline.config import SET_ELSEWHERE, ModelConfig
+
+    derived = {f.name for f in dataclasses.fields(TransformerConfig)} - set(SET_ELSEWHERE)
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == derived | {"preset", "num_layers"}
+    built = load_config(None, ["model.positional_encoding=learned", "model.d_ff=96"]).transformer_config(500)
+    tiny = TransformerConfig.preset("tiny")
+    assert (built.positional_encoding, built.d_ff, built.d_model) == ("learned", 96, tiny.d_model)
+
+
+def test_reading_a_config_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, pipeline.config, pipeline.config_keys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False", out.stderr  # Ray Data workers read configs and never build a model
