@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import free_port
+from conftest import environment, free_port
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import ROOT
@@ -72,13 +72,15 @@ def service(ray_session, champion):
         serve.shutdown()
 
 
-def test_translates_like_the_registered_model(service, champion):
+def test_translates_like_the_registered_model(service, champion, tmp_path):
     from pipeline.track import registry
 
     status, body = _translate(service, {"texts": SENTENCES, "beam_size": 2})
     assert status == 200, body
     assert body["model_version"] == champion.version
-    model = registry.load(champion.uri, f"models:/{champion.model_name}/{champion.version}")
+    # Another registry named in the environment: the model is still the tracking server's.
+    with environment(MLFLOW_REGISTRY_URI=f"sqlite:///{tmp_path / 'elsewhere.db'}"):
+        model = registry.load(champion.uri, f"models:/{champion.model_name}/{champion.version}")
     import pandas as pd
 
     expected = model.predict(pd.DataFrame({"src": SENTENCES}), params={"beam_size": 2})["translation"].tolist()

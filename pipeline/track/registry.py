@@ -50,7 +50,10 @@ def pip_requirements() -> list[str]:
 def _client(uri: str):
     import mlflow
 
-    mlflow.set_tracking_uri(uri)  # for the fluent log_model in log_model()
+    # For the fluent log_model in log_model() and load_model in load(): the registry is the tracking
+    # server's, as for mlflow_client, whatever MLFLOW_REGISTRY_URI says.
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     return mlflow_client(uri)
 
 
