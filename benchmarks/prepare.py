@@ -64,7 +64,7 @@ def single_process(tables: dict[str, pa.Table], settings: dict, out: str) -> dic
     counts = [encode_block(block, settings, out)
               for block in source.blocks(plan_blocks(source.counts, None, os.cpu_count() or 1))]
     entries = split_entries(source.counts, pa.concat_tables(counts))  # the manifest's statistics
-    return {split: entry["pairs"] for split, entry in entries.items()}
+    return {split: entry.pairs for split, entry in entries.items()}
 
 
 def encode_only(tables: dict[str, pa.Table], encoder: EncodeBatch) -> dict:

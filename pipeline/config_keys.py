@@ -1,7 +1,8 @@
 """Every config key with its type, default and meaning, read from the field comments of config.py.
 
 One source for `nmt config --keys` and docs/configuration.md (tools/config_reference.py): a key's
-meaning is the comment that ends its line in the dataclass, so code and reference cannot drift.
+meaning is the comment that ends its line in the dataclass (for the model section, derived from
+TransformerConfig, the comment in model/config.py), so code and reference cannot drift.
 """
 
 from __future__ import annotations

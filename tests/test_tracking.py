@@ -107,6 +107,18 @@ def test_a_run_ends_with_its_block_finished_with_its_tags_failed_killed_or_left_
     assert ("best_val_bleu" in found.data.tags) == (status == "FINISHED")  # the last tags only on a normal end
 
 
+def test_a_store_failing_as_the_run_ends_does_not_hide_the_error_that_ended_it(tmp_path, monkeypatch, caplog):
+    def refuse(self, status="FINISHED", tags=None):
+        raise OSError("the store is down")
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with caplog.at_level(logging.WARNING, logger="pipeline"), pytest.raises(RuntimeError, match="training failed"):
+        with tracking.mlflow_run(uri, "ends", "run-b", {}, {}):
+            monkeypatch.setattr(tracking.Run, "end", refuse)
+            raise RuntimeError("training failed")
+    assert "could not mark MLflow run" in caplog.text and "the store is down" in caplog.text
+
+
 def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
     store, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     store.mkdir()

@@ -1,4 +1,4 @@
-"""docs/configuration.md, generated from pipeline/config.py (its dataclasses and field comments, via config_keys).
+"""docs/configuration.md, generated from the config's dataclasses and field comments (via pipeline/config_keys.py).
 
     python tools/config_reference.py          # print the markdown tables
     python tools/config_reference.py --write  # replace the block between docs/configuration.md's markers

@@ -6,6 +6,7 @@ CorpusError that names the file and line (or row).
 
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -77,8 +78,6 @@ def hash_files(root: str, paths: list[str], digest) -> None:
     Files behind a storage URI are not downloaded to the driver to be hashed (WMT14 is gigabytes):
     their names, sizes and modification times stand for their contents.
     """
-    import json
-
     for path in paths:
         info = storage.file_info(path)
         if info.type != pafs.FileType.File:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import log
+from ..common.environment import environment
 from ..common.errors import UserError
 from ..text.tokenizer import JOINT_FILE, SRC_FILE
 from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
@@ -50,10 +51,7 @@ def pip_requirements() -> list[str]:
 def _client(uri: str):
     import mlflow
 
-    # For the fluent log_model in log_model() and load_model in load(): the registry is the tracking
-    # server's, as for mlflow_client, whatever MLFLOW_REGISTRY_URI says.
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    mlflow.set_tracking_uri(uri)  # for the fluent log_model in log_model()
     return mlflow_client(uri)
 
 
@@ -69,8 +67,8 @@ def log_model(run: Run, translator: Translator, example: str):
         translator.save(Path(tmp) / "translator")
         sample = pd.DataFrame({"src": [example]})
         signature = infer_signature(sample, pd.DataFrame({"translation": translator.translate([example])}), params)
-        # The fluent log_model needs an active run; leaving the block marks it FINISHED, and the run's owner
-        # (mlflow_run) sets its final status after.
+        # The fluent log_model needs an active run; leaving the block marks it FINISHED (a training run's
+        # owner, mlflow_run, sets its final status after; a sweep's trial run had ended already).
         with mlflow.start_run(run_id=run.id):
             return mlflow.pyfunc.log_model(
                 name="model", python_model=str(MODEL_CODE), artifacts={"translator": str(Path(tmp) / "translator")},
@@ -127,7 +125,10 @@ def load(uri: str, model_uri: str, device: str = "auto"):
     try:
         with warnings.catch_warnings():  # predict takes a DataFrame, a list or a str: no one type hint fits
             warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-            return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
+            # models:/ is resolved in the registry of the tracking server, as mlflow_client does, whatever
+            # MLFLOW_REGISTRY_URI says (MLflow's fluent API reads the variable).
+            with environment(MLFLOW_REGISTRY_URI=uri):
+                return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
     except (MlflowException, OSError) as err:
         raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
 

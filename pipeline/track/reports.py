@@ -63,7 +63,7 @@ def restart_tags(report: dict[str, Any]) -> dict[str, str]:
 
 def log_metrics(run: Run, metrics: dict[str, Any]) -> None:
     """Log the numeric metrics of one report at its step."""
-    run.log_metrics(metric_entries(metrics))
+    run.log_entries(metric_entries(metrics))
 
 
 def _reason(err: Exception) -> str:
@@ -138,7 +138,7 @@ class MetricLogger:
 
 def log_best(run: Run, val_bleu: float, step: int) -> None:
     """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
-    run.log_metrics([_metric("best_val_bleu", val_bleu, step), _metric("best_step", float(step), step)])
+    run.log_entries([_metric("best_val_bleu", val_bleu, step), _metric("best_step", float(step), step)])
 
 
 def _metric(key: str, value: float, step: int):

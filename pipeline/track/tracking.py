@@ -239,7 +239,7 @@ class Run:
                                tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
         self.client().log_inputs(self.id, datasets=inputs)
 
-    def log_metrics(self, entries: list) -> None:
+    def log_entries(self, entries: list) -> None:
         """Log MLflow Metric entries (at their own steps and times), a batch of at most 1000 at a time."""
         client = self.client()
         for start in range(0, len(entries), 1000):
@@ -248,6 +248,13 @@ class Run:
     def metric_history(self, key: str) -> list[tuple[int, float]]:
         """(step, value) pairs of a metric, in step order."""
         return sorted((m.step, m.value) for m in self.client().get_metric_history(self.id, key))
+
+    def end_after_error(self, status: str) -> None:
+        """end(status) on the way out of an error, which it must not hide: a failure to end it is only a warning."""
+        try:
+            self.end(status)
+        except Exception as err:  # the store may be what failed
+            logger.warning(f"could not mark MLflow run {self.id} {status} ({error_line(err)}); it stays RUNNING")
 
     def end(self, status: str = "FINISHED", tags: dict[str, str] | None = None) -> None:
         """Mark the run ended (FINISHED, FAILED or KILLED), with any last tags: mlflow_run's, or a stopped trial's."""
@@ -314,10 +321,10 @@ def mlflow_run(uri: str, experiment: str, run_name: str, params: dict[str, Any],
     try:
         yield run
     except KeyboardInterrupt:
-        run.end("KILLED")
+        run.end_after_error("KILLED")
         raise
     except Exception:
-        run.end("FAILED")
+        run.end_after_error("FAILED")
         raise
     run.end(run.end_status, run.end_tags)
 

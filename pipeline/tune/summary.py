@@ -58,15 +58,15 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
             row["steps"] = int(history["step"].max()) if "step" in history else 0
             if "rejected" in history and history["rejected"].notna().any():
                 row["status"] = "REJECTED"
-        run = client.get_run(row["run_id"]) if row["run_id"] else None
-        if run is not None and run.info.status == "RUNNING" and row["status"] == "OK":
+        record = client.get_run(row["run_id"]) if row["run_id"] else None
+        if record is not None and record.info.status == "RUNNING" and row["status"] == "OK":
             # Tune stopped the trial between reports: ASHA's early stop.
             # A stop by the scheduler is how a sweep works, not a failure: FINISHED, and tagged.
             row["status"] = "STOPPED_EARLY"
             tracking.Run(uri, row["run_id"]).end(tags={"stopped_early": "asha"})
-        elif run is not None and run.data.tags.get("stopped_early"):
+        elif record is not None and record.data.tags.get("stopped_early"):
             row["status"] = "STOPPED_EARLY"
-        if run is not None and not math.isnan(row["val_bleu"]):  # what the runs table should compare
+        if record is not None and not math.isnan(row["val_bleu"]):  # what the runs table should compare
             reports.log_best(tracking.Run(uri, row["run_id"]), row["val_bleu"], row.get("best_step", 0))
         trials.append(row)
     return trials

@@ -75,15 +75,16 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
                              parent_run_id=setup["parent_run_id"], source="nmt tune (trial)") as child:
         if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
             child.end_status, child.end_tags = "KILLED", {"rejected": problem}
-            tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
-            return
-        manifest = load_manifest(setup["data_path"])
-        child.log_datasets(dataset_inputs(manifest))  # what the compare view lists per trial
-        trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
-                                callbacks=[_validation_reports(),
-                                           reports.report_callback(child, cfg.tracking.system_metrics_s)],
-                                init=setup["init"])
-        trainer.fit()
+        else:
+            manifest = load_manifest(setup["data_path"])
+            child.log_datasets(dataset_inputs(manifest))  # what the compare view lists per trial
+            trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
+                                    callbacks=[_validation_reports(),
+                                               reports.report_callback(child, cfg.tracking.system_metrics_s)],
+                                    init=setup["init"])
+            trainer.fit()
+    if problem:  # after the run has ended: Tune may stop the trial inside this report
+        tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
 
 
 def _check_state_api(cfg: Config) -> None:
