@@ -7,6 +7,7 @@ files at data.path: text pairs, TSV or JSONL (line files, read through a line in
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 from pathlib import Path
@@ -83,7 +84,7 @@ class HubDataset:
         return pick_columns(dataset.data.table, cfg, f"{cfg.path or cfg.hf_name}[{split_name}]")
 
 
-class CorpusFiles:
+class CorpusFiles(abc.ABC):
     """Files under data.path, local or a storage URI: split_files() names them.
 
     Local files' tasks are pinned to this node (ray_tasks(here=True)): another node of the cluster
@@ -105,9 +106,9 @@ class CorpusFiles:
         run, remote_args = ray_tasks(here=not storage.is_uri(cfg.path)) if on_ray else (run_here, {})
         return self.opened(cfg, run, remote_args)
 
+    @abc.abstractmethod
     def opened(self, cfg: DataConfig, run=run_here, remote_args: dict | None = None, **settings) -> RangeSource:
         """The files checked and counted by `run`, read by Ray Data tasks with remote_args: each file kind's own."""
-        raise NotImplementedError(type(self).__name__)
 
 
 class LineFiles(CorpusFiles):
