@@ -108,14 +108,16 @@ def test_collate_equals_row_by_row_padding(pairs, data):
 
 def test_ranks_split_the_corpus_between_them_in_row_order(tmp_path):
     """What every worker reads, under Ray Train or torchrun alike (WorkerContext.train_shard)."""
-    import json
 
     import pyarrow.parquet as pq
 
+    from pipeline.data.manifest import Manifest, SplitStats, TokenizerInfo
     from pipeline.train.workers import RayContext, TorchrunContext
 
     (tmp_path / "train").mkdir()
-    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {}}}))
+    Manifest(str(tmp_path), fingerprint="0" * 16, source="files", src_lang="en", tgt_lang="de", source_sha256="",
+             config_sha256="", data_config={}, splits={"train": SplitStats(40, 40, {}, 0, 0, 0.0, 0.0, 0, 0, 0.0)},
+             tokenizer_info=TokenizerInfo("bpe", True, [], 8, 8, "", 0, 1, 2, 3), created_s=0.0, seconds=0.0).write()
     rows = np.arange(40) * 2 + 1
     sources = [[int(r)] * (int(r) % 5 + 1) for r in rows]
     for part, index in enumerate(np.array_split(np.random.default_rng(1).permutation(40), 3)):
