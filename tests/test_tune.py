@@ -1,5 +1,6 @@
 """Ray Tune sweeps: bad spaces fail early, ASHA stops trials, MLflow parent/child runs, the best trial registered."""
 
+import types
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -133,3 +134,27 @@ def test_the_sweep_plot_shows_every_choice_marks_stopped_trials_and_stars_the_be
     assert hollow and tuple(stopped.get_edgecolors()[0]) == to_rgba("tab:orange")
     assert list(best.get_offsets()[0]) == [2.0, 31.5] and "best: 31.50" in [t.get_text() for t in
                                                                              ax.get_legend().get_texts()]
+
+
+def test_a_trial_tune_stopped_without_error_is_stopped_early_whether_its_run_was_left_running_or_failed(tmp_path):
+    import pandas as pd
+
+    from pipeline.track import tracking
+    from pipeline.tune.summary import summarize
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config("configs/demo.yaml", [f"tracking.tracking_uri={uri}", "tracking.experiment=stops"])
+    results = []
+    for trial, status, error in (("t1", "RUNNING", None), ("t2", "FAILED", None), ("t3", "FINISHED", None),
+                                 ("t4", "FAILED", RuntimeError("the trial broke"))):
+        run = tracking.open_run(uri, "stops", f"sweep-{trial}", {}, {tracking.TRIAL_TAG: trial})
+        if status != "RUNNING":
+            run.end(status)
+        history = pd.DataFrame({"trial_id": [trial], "step": [100], "val_bleu": [5.0]})
+        results.append(types.SimpleNamespace(metrics={"trial_id": trial}, metrics_dataframe=history,
+                                             config={"model.num_heads": 4}, error=error))
+    rows = summarize(uri, cfg, results, {"model.num_heads": ("choice", [4])})
+    assert [row["status"] for row in rows] == ["STOPPED_EARLY", "STOPPED_EARLY", "OK", "ERROR"]
+    runs = [MlflowClient(uri).get_run(row["run_id"]) for row in rows]
+    assert [run.info.status for run in runs] == ["FINISHED", "FINISHED", "FINISHED", "FAILED"]
+    assert [run.data.tags.get("stopped_early") for run in runs] == ["asha", "asha", None, None]

@@ -66,6 +66,24 @@ def _expand_parent_runs(driver) -> None:
                           ".forEach(b => b.click())")
 
 
+def _runs_columns(experiment: str, columns: list[str]):
+    """A set-up for the runs table: these columns (e.g. "tags.`stopped_early`"), then the page loaded again.
+
+    The column picker is a menu of checkboxes per column; the experiment page keeps the choice in
+    localStorage under its own key, and reads it as it loads.
+    """
+    key = f'MLflowLocalStorage-1.1-ExperimentPage-["{experiment}"]-ReactComponentState'
+
+    def setup(driver) -> None:
+        driver.execute_script("const state = JSON.parse(localStorage.getItem(arguments[0]) || '{}');"
+                              "state.selectedColumns = arguments[1];"
+                              "localStorage.setItem(arguments[0], JSON.stringify(state)); location.reload();",
+                              key, columns)
+        time.sleep(2)
+
+    return setup
+
+
 def _pick(driver, label: str, *names: str) -> None:
     """Set the multi-select after `label` (e.g. "Parameters:" of the compare view) to names."""
     from selenium.webdriver.common.by import By
@@ -87,12 +105,16 @@ def _pick(driver, label: str, *names: str) -> None:
     field.send_keys(Keys.ESCAPE)
 
 
-def _shoot(driver, url: str, name: str, *texts: str, scroll_to: str | None = None, before=None) -> None:
-    """Open url, wait for every text, tidy the page (and call before), save docs/images/<name>.png."""
+def _shoot(driver, url: str, name: str, *texts: str, scroll_to: str | None = None, before=None,
+           setup=None) -> None:
+    """Open url (then call setup), wait for every text, tidy the page (and call before), save docs/images/<name>.png."""
     from browser import wait_for_text
 
     driver.get("about:blank")  # a new page load: the app ignores a hash change within one run's artifacts
     driver.get(url)
+    if setup:
+        wait_for_text(driver, texts[0], PAGE_TIMEOUT_S)
+        setup(driver)
     for text in texts:
         wait_for_text(driver, text, PAGE_TIMEOUT_S)
     time.sleep(2)
@@ -129,9 +151,13 @@ def take(store: str, workdir: Path) -> None:
     driver = start_chromium()
     try:
         base = f"{url}/#/experiments/{experiment}"
-        _shoot(driver, f"{base}/runs", "sweep-runs", sweep.info.run_name, before=_expand_parent_runs)
-        ids = urllib.parse.quote(json.dumps([t.info.run_id for t in trials]))
         swept = [key.removeprefix("param.") for key in best.data.tags if key.startswith("param.")]
+        # What a sweep's table is read for: the swept values, each trial's best BLEU, which ASHA stopped.
+        columns = [*(f"params.`{key}`" for key in swept), "metrics.`best_val_bleu`", "tags.`stopped_early`",
+                   "attributes.`Models`"]
+        _shoot(driver, f"{base}/runs", "sweep-runs", sweep.info.run_name, before=_expand_parent_runs,
+               setup=_runs_columns(experiment, columns))
+        ids = urllib.parse.quote(json.dumps([t.info.run_id for t in trials]))
 
         def heads_layers_warmup_against_bleu(driver):
             _pick(driver, "Parameters:", *swept)

@@ -314,8 +314,8 @@ def mlflow_run(uri: str, experiment: str, run_name: str, params: dict[str, Any],
     """The one place a run starts and ends: open_run(...) for the block, then FINISHED, KILLED (Ctrl-C) or FAILED.
 
     The block sets run.end_tags (and run.end_status, e.g. KILLED for a rejected trial) for a normal end.
-    A SystemExit leaves the run RUNNING: that is Tune stopping a trial (ASHA), which the sweep's summary
-    marks as an early stop. The driver turns Ray Train's own Ctrl-C exit into KeyboardInterrupt first.
+    A SystemExit leaves the run RUNNING: that is Tune stopping a trial (ASHA); the sweep's summary marks
+    its trials' early stops. The driver turns Ray Train's own Ctrl-C exit into KeyboardInterrupt first.
     """
     run = open_run(uri, experiment, run_name, params, tags, parent_run_id, source, adopt_run_id)
     try:

@@ -59,8 +59,9 @@ def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any
             if "rejected" in history and history["rejected"].notna().any():
                 row["status"] = "REJECTED"
         record = client.get_run(row["run_id"]) if row["run_id"] else None
-        if record is not None and record.info.status == "RUNNING" and row["status"] == "OK":
-            # Tune stopped the trial between reports: ASHA's early stop.
+        if record is not None and record.info.status in ("RUNNING", "FAILED") and row["status"] == "OK":
+            # Tune stopped the trial between reports (ASHA's early stop) and saw no error. Its run did not end
+            # normally: RUNNING when Tune's stop took its actor first, FAILED when it broke the Train run first.
             # A stop by the scheduler is how a sweep works, not a failure: FINISHED, and tagged.
             row["status"] = "STOPPED_EARLY"
             tracking.Run(uri, row["run_id"]).end(tags={"stopped_early": "asha"})

@@ -70,7 +70,8 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     cfg, problem = apply(config_from_dict(setup["base"]), params)
     tags = {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
             **{f"param.{k}": str(v) for k, v in params.items()}}
-    # A trial ASHA stops leaves its run RUNNING (see mlflow_run): summarize() marks it stopped early.
+    # A trial ASHA stops leaves its run RUNNING or FAILED (whichever Tune's stop breaks first): summarize(),
+    # which sees Tune found no error in it, marks it stopped early.
     with tracking.mlflow_run(setup["uri"], setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(), tags,
                              parent_run_id=setup["parent_run_id"], source="nmt tune (trial)") as child:
         if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
