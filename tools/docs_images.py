@@ -67,7 +67,8 @@ def _expand_parent_runs(driver) -> None:
 
 
 def _runs_columns(experiment: str, columns: list[str]):
-    """A set-up for the runs table: these columns (e.g. "tags.`stopped_early`"), then the page loaded again.
+    """A set-up for the runs table: these columns (e.g. "tags.`stopped_early`"), narrow so that all fit, then the
+    page loaded again.
 
     The column picker is a menu of checkboxes per column; the experiment page keeps the choice in
     localStorage under its own key, and reads it as it loads.
@@ -77,6 +78,7 @@ def _runs_columns(experiment: str, columns: list[str]):
     def setup(driver) -> None:
         driver.execute_script("const state = JSON.parse(localStorage.getItem(arguments[0]) || '{}');"
                               "state.selectedColumns = arguments[1];"
+                              "state.columnWidths = Object.fromEntries(arguments[1].map(c => [c, 105]));"
                               "localStorage.setItem(arguments[0], JSON.stringify(state)); location.reload();",
                               key, columns)
         time.sleep(2)
@@ -153,8 +155,7 @@ def take(store: str, workdir: Path) -> None:
         base = f"{url}/#/experiments/{experiment}"
         swept = [key.removeprefix("param.") for key in best.data.tags if key.startswith("param.")]
         # What a sweep's table is read for: the swept values, each trial's best BLEU, which ASHA stopped.
-        columns = [*(f"params.`{key}`" for key in swept), "metrics.`best_val_bleu`", "tags.`stopped_early`",
-                   "attributes.`Models`"]
+        columns = [*(f"params.`{key}`" for key in swept), "metrics.`best_val_bleu`", "tags.`stopped_early`"]
         _shoot(driver, f"{base}/runs", "sweep-runs", sweep.info.run_name, before=_expand_parent_runs,
                setup=_runs_columns(experiment, columns))
         ids = urllib.parse.quote(json.dumps([t.info.run_id for t in trials]))
