@@ -31,6 +31,7 @@ from pipeline.text.metrics import score_with_signatures  # noqa: E402
 from pipeline.text.translator import Translator  # noqa: E402
 from pipeline.track import tracking  # noqa: E402
 from pipeline.track.plots import learning_curves  # noqa: E402
+from pipeline.track.target import resolve  # noqa: E402
 from pipeline.train.driver import train  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def main() -> int:
     started = time.perf_counter()
     outcome = train(cfg, config_file=args.config)
     wall = time.perf_counter() - started
-    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    uri = resolve(cfg.tracking.tracking_uri).uri
     history = {k: tracking.Run(uri, outcome.run_id).metric_history(k)
                for k in ("train_loss", "val_loss", "val_bleu", "val_seconds", "tokens_per_s", "train_seconds")}
     kept = _checkpoints(Path(outcome.storage_path) / outcome.run_name)

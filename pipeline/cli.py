@@ -61,7 +61,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from .track.tracking import redact
+    from .track.login import redacted
 
     if args.keys:
         from .config_keys import sections, yaml_value
@@ -74,7 +74,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     cfg = _load(args)
     sources = " < ".join(["defaults", *([args.config] if args.config else []), *(["--set"] if args.overrides else [])])
     print(f"# nmt config: {sources}")
-    print(redact(yaml.safe_dump(cfg.to_dict(), sort_keys=False)), end="")
+    print(yaml.safe_dump(redacted(cfg.to_dict()), sort_keys=False), end="")
     return 0
 
 
@@ -103,7 +103,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     from .common.devices import resolve_device
     from .data.textfiles import read_lines
     from .serve.commands import load_engine, translate
-    from .track import tracking
+    from .track.target import connect
 
     texts = list(args.text)
     if args.input:
@@ -115,7 +115,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise UserError("nothing to translate: give sentences as arguments, --input FILE, or lines on stdin")
     device = str(resolve_device(args.device))
     cfg = _load(args)
-    uri = tracking.connect(cfg.tracking.tracking_uri)
+    uri = connect(cfg.tracking.tracking_uri).uri
     with tempfile.TemporaryDirectory() as workdir:
         engine = load_engine(uri, _model_uri(args, cfg), args.engine, device, workdir).translate
         for line in translate(engine, texts, args.beam, progress=bool(args.input) or from_stdin):  # on stderr
@@ -134,10 +134,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
-    from .track import champion, tracking
+    from .track import champion
+    from .track.target import connect
 
     cfg = _load(args)
-    uri = tracking.connect(cfg.tracking.tracking_uri)
+    uri = connect(cfg.tracking.tracking_uri).uri
     name = args.name or cfg.tracking.registered_model
     if args.version is None:  # versions a crashed registration left undecided get the val_bleu rule
         decision = champion.decide(uri, name)

@@ -13,7 +13,7 @@ import pytest
 from conftest import environment, free_port
 from mlflow.tracking import MlflowClient
 
-from pipeline.track import reports, tracking
+from pipeline.track import login, provenance, reports, target, tracking
 
 
 def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(tmp_path):
@@ -45,7 +45,7 @@ def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.tags["mlflow.source.name"] == "nmt train" and run.data.tags["mlflow.user"] == getpass.getuser()
     assert run.data.tags["mlflow.runName"] == "run-a" and run.data.tags["mlflow.source.type"] == "LOCAL"
-    assert run.data.tags.get("mlflow.source.git.commit", "unknown") == tracking.git_commit()
+    assert run.data.tags.get("mlflow.source.git.commit", "unknown") == provenance.git_commit()
     datasets = [{"name": f"demo-en-de-0123/{split}", "digest": "0123456789abcdef", "source": f"s3://b/p/{split}",
                  "context": split, "profile": {"pairs": n}} for split, n in (("train", 30), ("validation", 5))]
     for _ in range(2):  # a resumed run logs them again
@@ -137,6 +137,8 @@ def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_p
     ("http://a:p@ss@host:5000/x", "http://a:***@host:5000/x"),
     ("http://a:p%40ss@host", "http://a:***@host"),
     ("http://a:p:ss@host", "http://a:***@host"),
+    ("http://alice:pa/ss@mlflow.example:5000", "http://alice:***@mlflow.example:5000"),
+    ("http://alice:p?w#x@mlflow.example:5000/api", "http://alice:***@mlflow.example:5000/api"),
     ("API request to http://u:pw@h1/api failed; retried https://tok@h2:443/api",
      "API request to http://u:***@h1/api failed; retried https://***@h2:443/api"),
     ("tracking_uri: 'http://alice:s3cret@host'\n", "tracking_uri: 'http://alice:***@host'\n"),
@@ -147,37 +149,92 @@ def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_p
     ('{"uri":"http://host","owner":"alice@example.com"}', '{"uri":"http://host","owner":"alice@example.com"}'),
 ])
 def test_redact_hides_every_uris_login_and_nothing_else(text, expected):
-    assert tracking.redact(text) == expected
-    assert tracking.redact(expected) == expected  # redacting twice changes nothing
+    assert login.redact(text) == expected
+    assert login.redact(expected) == expected  # redacting twice changes nothing
 
 
-@pytest.mark.parametrize(("uri", "stripped", "login"), [
-    ("http://alice:s3cr%40t@mlflow:5000/x", "http://mlflow:5000/x",
-     {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "s3cr@t"}),
-    ("http://a:p@ss@host:5000", "http://host:5000",
-     {"MLFLOW_TRACKING_USERNAME": "a", "MLFLOW_TRACKING_PASSWORD": "p@ss"}),
-    ("https://tok_123@host/path", "https://host/path", {"MLFLOW_TRACKING_TOKEN": "tok_123"}),
-    ("http://host:5000", "http://host:5000", {}),
-    ("sqlite:///tmp/mlflow.db", "sqlite:///tmp/mlflow.db", {}),
+@pytest.mark.parametrize(("uri", "stripped", "found"), [
+    ("http://alice:s3cr%40t@mlflow:5000/x", "http://mlflow:5000/x", login.Login("alice", "s3cr@t")),
+    ("http://a:p@ss@host:5000", "http://host:5000", login.Login("a", "p@ss")),
+    ("http://alice:pa/ss@mlflow.example:5000", "http://mlflow.example:5000", login.Login("alice", "pa/ss")),
+    ("http://alice:p?w#x@mlflow.example:5000", "http://mlflow.example:5000", login.Login("alice", "p?w#x")),
+    ("http://bob:100%@host", "http://host", login.Login("bob", "100%")),  # not percent-encoding: as typed
+    ("https://tok_123@host/path", "https://host/path", login.Login(token="tok_123")),
+    ("http://host:5000", "http://host:5000", None),
+    ("sqlite:///tmp/mlflow.db", "sqlite:///tmp/mlflow.db", None),
 ])
-def test_split_credentials_takes_the_login_out_of_a_uri(uri, stripped, login):
-    assert tracking.split_credentials(uri) == (stripped, login)
+def test_split_login_takes_the_login_out_of_a_uri(uri, stripped, found):
+    assert login.split_login(uri) == (stripped, found)
 
 
-def test_resolving_moves_the_uris_login_into_mlflows_variables():
+def printable_password() -> str:
+    """Every printable ASCII character, the space among them, shuffled: a password a generator could make."""
+    import random
+    import string
+
+    chars = list(string.printable.strip(string.whitespace[1:]) + " ")
+    random.Random(7).shuffle(chars)
+    return "".join(chars)
+
+
+def test_a_password_of_every_printable_character_is_taken_out_and_hidden_wherever_it_is_shown():
+    import yaml
+
+    password = printable_password()
+    uri = f"http://alice:{password}@mlflow.example:5000/team"
+    assert login.split_login(uri) == ("http://mlflow.example:5000/team", login.Login("alice", password))
+    assert login.redact_uri(uri) == "http://alice:***@mlflow.example:5000/team"
+    assert login.redacted({"tracking": {"tracking_uri": uri}})["tracking"]["tracking_uri"] == \
+        "http://alice:***@mlflow.example:5000/team"
+    written = yaml.safe_dump({"tracking": {"tracking_uri": uri}})  # quoted and escaped as YAML writes it
+    assert password not in login.redact_yaml(written) and "alice:***@" in login.redact_yaml(written)
+    assert password not in repr(login.Login("alice", password))
+
+
+def test_resolving_takes_the_uris_login_else_mlflows_variables_and_activating_makes_it_the_only_one():
     # An older login left in the environment: MLflow would use it instead of the URI's token.
     older = {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": "older", "MLFLOW_TRACKING_TOKEN": None}
     with environment(**older, MLFLOW_TRACKING_URI=None):
-        assert tracking.resolve_tracking_uri("https://tok_123@host/mlflow") == "https://host/mlflow"
-        assert tracking.credentials() == {"MLFLOW_TRACKING_TOKEN": "tok_123"}
-        assert tracking.resolve_tracking_uri("http://alice:p@ss@host:5000") == "http://host:5000"
-        assert tracking.credentials() == {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "p@ss"}
-        assert tracking.resolve_tracking_uri("http://host:5000") == "http://host:5000"  # no login: the variables stay
-        assert tracking.credentials()["MLFLOW_TRACKING_PASSWORD"] == "p@ss"
-        # From MLFLOW_TRACKING_URI: the variable loses the login too, so processes started from here never see it.
-        os.environ["MLFLOW_TRACKING_URI"] = "http://carol:c4rol@host/mlflow"
-        assert tracking.resolve_tracking_uri() == "http://host/mlflow" == os.environ["MLFLOW_TRACKING_URI"]
-        assert tracking.credentials() == {"MLFLOW_TRACKING_USERNAME": "carol", "MLFLOW_TRACKING_PASSWORD": "c4rol"}
+        found = target.resolve("https://tok_123@host/mlflow")
+        assert found == target.TrackingTarget("https://host/mlflow", login.Login(token="tok_123"))
+        found.activate()
+        assert os.environ.get("MLFLOW_TRACKING_TOKEN") == "tok_123" and "MLFLOW_TRACKING_USERNAME" not in os.environ
+        assert target.resolve("http://alice:p@ss@host:5000").login == login.Login("alice", "p@ss")
+        os.environ.update(MLFLOW_TRACKING_USERNAME="bob", MLFLOW_TRACKING_PASSWORD="b0b")
+        os.environ.pop("MLFLOW_TRACKING_TOKEN")
+        assert target.resolve("http://host:5000").login == login.Login("bob", "b0b")  # no login in it: the variables'
+        assert target.resolve("sqlite:///tmp/x.db").login is None  # a local store has no login
+        assert target.resolve("sqlite:///tmp/x.db").variables() == {}  # and activating it changes nothing
+
+
+def test_connecting_takes_the_login_out_of_mlflow_tracking_uri_too(monkeypatch):
+    with environment(MLFLOW_TRACKING_URI="http://carol:c4rol@127.0.0.1:9/mlflow", MLFLOW_TRACKING_USERNAME=None,
+                     MLFLOW_TRACKING_PASSWORD=None, MLFLOW_TRACKING_TOKEN=None):
+        monkeypatch.setattr(target, "check_reachable", lambda uri: None)
+        found = target.connect()
+        # Processes started from here (a local Ray instance) inherit the variable: it no longer holds the password.
+        assert found.uri == "http://127.0.0.1:9/mlflow" == os.environ["MLFLOW_TRACKING_URI"]
+        assert os.environ["MLFLOW_TRACKING_USERNAME"] == "carol" and os.environ["MLFLOW_TRACKING_PASSWORD"] == "c4rol"
+
+
+def test_a_submitted_jobs_runs_name_the_submitter_and_the_commit_it_was_submitted_from(tmp_path, monkeypatch):
+    recorded = provenance.job_variables()
+    assert recorded[provenance.SUBMITTED_BY].startswith(provenance.os_user() + "@")
+    assert recorded[provenance.SUBMITTED_COMMIT] == provenance.checkout()[0]
+    # In the job: no .git, the cluster's user; the variables submit set say who and what.
+    monkeypatch.setenv(provenance.SUBMITTED_BY, "alice@laptop")
+    monkeypatch.setenv(provenance.SUBMITTED_COMMIT, "0123abc")
+    monkeypatch.setenv(provenance.SUBMITTED_DIRTY, "true")
+    provenance.current.cache_clear()
+    try:
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        tags = MlflowClient(uri).get_run(tracking.open_run(uri, "jobs", "run-a", {}, {}).id).data.tags
+        assert tags["mlflow.user"] == "alice" and tags["mlflow.source.git.commit"] == "0123abc"
+        assert tags[provenance.SUBMITTED_BY_TAG] == "alice@laptop" and tags[provenance.DIRTY_TAG] == "true"
+        # With a login to a tracking server, the user is the name that server knows.
+        assert provenance.standard_tags("nmt train", "alice-mlflow")["mlflow.user"] == "alice-mlflow"
+    finally:
+        provenance.current.cache_clear()
 
 
 def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, caplog, monkeypatch):

@@ -24,3 +24,8 @@ def environment(**values: str | None) -> Iterator[None]:
         yield
     finally:
         _set(saved)
+
+
+def set_for_process(values: dict[str, str | None]) -> None:
+    """Set (None: unset) variables for the rest of this process: what a process's start-up settles once."""
+    _set(values)

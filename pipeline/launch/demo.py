@@ -39,8 +39,8 @@ def _banner(step: int, total: int, text: str) -> None:
 def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[str] | None = None) -> dict:
     """Prepare, sweep, register, evaluate, translate; returns the figures the summary shows."""
     from ..serve.commands import evaluate, load_engine, translate
-    from ..track import tracking
     from ..track.registry import champion_uri, model_version
+    from ..track.target import connect
     from ..tune.summary import format_trials
     from ..tune.sweep import sweep
 
@@ -50,7 +50,7 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     if workdir is not None:  # else MLflow's default: MLFLOW_TRACKING_URI, or sqlite:///mlflow.db here
         settings.append(f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}")
     cfg = load_config(CONFIG, [*settings, *(overrides or [])])
-    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    uri = connect(cfg.tracking.tracking_uri).uri
     space = QUICK_SPACE if quick else SPACE
     started = time.perf_counter()
     _banner(1, 4, f"Ray Tune sweep of {space.relative_to(ROOT)} (each trial a {cfg.train.num_workers}-worker Ray "

@@ -28,7 +28,8 @@ import yaml
 from ..common import log, storage
 from ..common.environment import environment
 from ..common.errors import UserError
-from ..track.tracking import configured_tracking_uri, split_credentials
+from ..track import provenance
+from ..track.target import configured_uri, resolve
 from . import job_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +116,9 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
     then a local store or path the command uses is an error. None: unknown, judged by the address's
     host, and only warned about.
 
-    Credentials never enter the entrypoint or the runtime_env's env_vars (Ray shows both): a tracking
-    URI's user:password@ becomes MLFLOW_TRACKING_USERNAME/PASSWORD, forwarded like --forward-env names.
+    Credentials never enter the entrypoint or the runtime_env's env_vars (Ray shows both): the submitter's
+    MLflow login (a tracking URI's user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN here) is
+    forwarded like --forward-env names. Who submits from which commit goes in the env_vars (no secret).
     """
     from ..parser import build_parser
 
@@ -126,7 +128,7 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
     args = nmt_args(command)
     parsed = build_parser().parse_args(args)  # a bad command fails here, with argparse's message, exit 2
     warnings: list[str] = []
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", **provenance.job_variables()}
     secrets = forwarded(list(forward_env))
     known = remote is not None
     remote = remote if known else urlparse(address).hostname not in LOCAL_HOSTS
@@ -137,8 +139,10 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
 
         config_file = _value_of(args, "--config")
         cfg = load_config(PROJECT_ROOT / config_file if config_file else None, parsed.overrides)
-        uri, credentials = split_credentials(_tracking_uri(cfg.tracking.tracking_uri))
-        secrets = {**credentials, **secrets}  # variables named explicitly win over the URI's
+        target = resolve(_tracking_uri(cfg.tracking.tracking_uri))
+        uri = target.uri
+        login = {name: value for name, value in target.login.variables().items() if value} if target.login else {}
+        secrets = {**login, **secrets}  # variables named explicitly win over the login found here
         runs, output = storage.absolute(cfg.train.storage_path), storage.absolute(cfg.data.output_dir)
         env["MLFLOW_TRACKING_URI"] = uri
         args = [*_without_set(args, "tracking.tracking_uri"), *_set("tracking.tracking_uri", uri),
@@ -374,7 +378,7 @@ def _value_of(args: list[str], flag: str) -> str | None:
 
 def _tracking_uri(configured: str) -> str:
     """The store the job should log to: as `nmt` would resolve it here, with a relative SQLite path made absolute."""
-    uri = configured_tracking_uri(configured)  # its login still in it: plan() forwards it apart
+    uri = configured_uri(configured)  # its login still in it: plan() forwards it apart
     if "://" not in uri:  # a bare directory: MLflow's file store
         uri = str(Path(uri).resolve())
     return uri

@@ -22,9 +22,9 @@ from starlette.exceptions import HTTPException
 from ..common import log
 from ..common.errors import UserError
 from ..config import Config, ServeConfig, config_from_dict, set_value
-from ..track import tracking
+from ..track.login import redact
 from ..track.registry import champion_uri
-from ..track.tracking import redact
+from ..track.target import TrackingTarget, connect
 
 MAX_BEAM_SIZE = 16  # beam search cost grows with the beam; larger beams are for offline `nmt evaluate`
 FIELDS = ("texts", "beam_size")
@@ -155,14 +155,15 @@ class TranslationService:
 
     def __init__(self, model_uri: str, version: str, tracking_uri: str, max_batch_size: int,
                  batch_wait_timeout_s: float, max_texts: int, max_chars: int, request_timeout_s: float,
-                 engine: str = "auto", credentials: dict[str, str] | None = None):
+                 engine: str = "auto", target: TrackingTarget | None = None):
         import tempfile
 
         from .commands import load_engine
 
-        # The driver's MLflow login travels as an argument (pickled to the replica), never in the URI or
-        # in a runtime_env, which the dashboard shows.
-        tracking.use_credentials(credentials or {})
+        # The driver's tracking target (its login) travels as an argument (pickled to the replica), never
+        # in the URI or in a runtime_env, which the dashboard shows.
+        if target is not None:
+            target.activate()
         self.model_uri, self.version, self.tracking_uri = model_uri, version, tracking_uri
         self.max_texts, self.max_chars, self.request_timeout_s = max_texts, max_chars, request_timeout_s
         # "auto": the GPU Serve gave this replica (serve.num_gpus), else the CPU. A CTranslate2 model is
@@ -236,20 +237,20 @@ def app_for(cfg: ServeConfig, tracking_uri: str, registered_model: str = ""):
     if not cfg.model_uri and not registered_model:
         raise UserError("no model to serve: set serve.model_uri (e.g. models:/NAME@champion) or "
                         "tracking.registered_model")
-    uri = tracking.connect(tracking_uri)
-    model_uri, version = resolve_model(uri, cfg.model_uri or champion_uri(registered_model))
-    return _bind(cfg, uri, model_uri, version)
+    target = connect(tracking_uri)
+    model_uri, version = resolve_model(target.uri, cfg.model_uri or champion_uri(registered_model))
+    return _bind(cfg, target, model_uri, version)
 
 
-def _bind(cfg: ServeConfig, tracking_uri: str, model_uri: str, version: str):
+def _bind(cfg: ServeConfig, target: TrackingTarget, model_uri: str, version: str):
     gpus = {"ray_actor_options": {"num_cpus": 1, "num_gpus": cfg.num_gpus}} if cfg.num_gpus else {}
     deployment = TranslationService.options(
         max_ongoing_requests=cfg.max_ongoing_requests, max_queued_requests=cfg.max_queued_requests,
         # Overflow answers 503 at once, with a hint when to retry, instead of queueing without bound.
         backpressure_config={"status_code": 503, "retry_after_s": 1}, **gpus,
     )
-    return deployment.bind(model_uri, version, tracking_uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
-                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s, cfg.engine, tracking.credentials())
+    return deployment.bind(model_uri, version, target.uri, cfg.max_batch_size, cfg.batch_wait_timeout_s,
+                           cfg.max_texts, cfg.max_chars, cfg.request_timeout_s, cfg.engine, target)
 
 
 def build_app(args: dict[str, Any] | None = None):
@@ -290,10 +291,10 @@ def run(cfg: Config, address: str | None = None) -> int:
     from ..common.cluster import ensure_ray
 
     s = cfg.serve
-    uri = tracking.connect(cfg.tracking.tracking_uri)
+    target = connect(cfg.tracking.tracking_uri)
     asked = s.model_uri or champion_uri(cfg.tracking.registered_model)
-    model_uri, version = resolve_model(uri, asked)  # fails fast, before Ray starts, when it is missing
-    app = _bind(s, uri, model_uri, version)
+    model_uri, version = resolve_model(target.uri, asked)  # fails fast, before Ray starts, when it is missing
+    app = _bind(s, target, model_uri, version)
     if address == "local" or not (address or os.environ.get("RAY_ADDRESS")):  # Serve's proxy will run here
         _check_port_free(s.host, s.port)
     ensure_ray(address)

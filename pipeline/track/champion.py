@@ -19,7 +19,9 @@ from typing import Any
 
 from ..common import log
 from ..common.errors import UserError
-from .tracking import error_line, mlflow_client, redact
+from .login import redact
+from .target import mlflow_client
+from .tracking import error_line
 
 CHAMPION = "champion"
 DECISION_TAG = "champion_decision"  # on each version: "champion", "kept version N" or "promoted by hand"

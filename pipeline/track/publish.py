@@ -20,6 +20,8 @@ from ..common.errors import UserError
 from ..config import Config
 from ..data.manifest import Manifest
 from . import tracking
+from .login import redact_yaml, redacted
+from .provenance import git_commit
 
 logger = log.get("train")
 
@@ -29,7 +31,7 @@ def log_inputs(run: tracking.Run, cfg: Config, manifest: Manifest, config_file: 
     """The resolved config (and the file it came from), the manifest and the tokenizer, as run artifacts."""
     with tempfile.TemporaryDirectory() as tmp:
         resolved = Path(tmp) / "config.resolved.yaml"
-        resolved.write_text(tracking.redact(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
+        resolved.write_text(yaml.safe_dump(redacted(cfg.to_dict()), sort_keys=False))
         tok_dir = Path(tmp) / "tokenizer"
         tok_dir.mkdir()
         manifest.tokenizer().save(tok_dir)
@@ -38,7 +40,7 @@ def log_inputs(run: tracking.Run, cfg: Config, manifest: Manifest, config_file: 
         paths: list[str | Path] = [resolved, manifest_file, *extra_files]
         if config_file and os.path.isfile(config_file):  # a copy, with any password in a URI redacted
             paths.append(Path(tmp) / Path(config_file).name)
-            paths[-1].write_text(tracking.redact(Path(config_file).read_text(encoding="utf-8")))
+            paths[-1].write_text(redact_yaml(Path(config_file).read_text(encoding="utf-8")))
         run.log_artifacts(paths)
         run.log_artifacts(sorted(tok_dir.iterdir()), artifact_path="tokenizer")
     run.log_datasets(dataset_inputs(manifest))
@@ -87,7 +89,7 @@ def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manif
     log_run_report(run, translator, manifest, title=cfg.tracking.experiment)
     if not register:
         return None
-    tags = {"data_manifest": manifest.sha256, "git_commit": tracking.git_commit(), "data_path": manifest.path,
+    tags = {"data_manifest": manifest.sha256, "git_commit": git_commit(), "data_path": manifest.path,
             "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
     return registry.register(run, translator, name, float(metrics["val_bleu"]), tags,
                              example=validation_sample(manifest, 1)[0][0])

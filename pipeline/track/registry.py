@@ -18,7 +18,9 @@ from ..text.tokenizer import JOINT_FILE, SRC_FILE
 from ..text.translator import CONFIG_FILE, WEIGHTS_FILE, Translator
 from . import champion
 from .champion import CHAMPION
-from .tracking import Run, error_line, mlflow_client, redact
+from .login import redact
+from .target import mlflow_client
+from .tracking import Run, error_line
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]

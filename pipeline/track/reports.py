@@ -3,23 +3,14 @@ metrics, the buffered logger that rides out an outage, and the Ray Train callbac
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from typing import Any
 
 from ..common import log
-from .tracking import (
-    FINAL_KEY,
-    INTERNAL_KEYS,
-    NODE_KEY,
-    PROGRESS_KEY,
-    STEP_KEYS,
-    Run,
-    credentials,
-    redact,
-    use_credentials,
-)
+from ..common.environment import set_for_process
+from .login import redact
+from .target import TrackingTarget
+from .tracking import FINAL_KEY, INTERNAL_KEYS, NODE_KEY, PROGRESS_KEY, STEP_KEYS, Run
 
 logger = log.get("mlflow")
 
@@ -72,12 +63,14 @@ def _reason(err: Exception) -> str:
 
 
 class MetricLogger:
-    """Logs reports to MLflow without ever failing training: while the store is unreachable, reports
-    wait in a bounded buffer (with their original timestamps) and go out once it answers again."""
+    """Logs reports to MLflow without ever failing training: while the store is unreachable or refuses
+    (a restart, HTTP 503 under load), reports wait in a bounded buffer with their original timestamps
+    and go out in order once it answers again, tried again after a backoff that doubles up to BACKOFF_MAX_S."""
 
     MAX_PENDING = 100_000  # metric entries; beyond it the oldest are dropped, and the gap is reported
     BATCH = 1000  # MLflow's limit of metrics per log_batch call
     FINAL_WAIT_S = 120.0  # after the last report no later one will retry: wait this long for the store
+    BACKOFF_MAX_S = 60.0  # the longest wait between two tries while the store fails
 
     def __init__(self, run: Run):
         self.run = run
@@ -85,12 +78,13 @@ class MetricLogger:
         self.pending_tags: list = []
         self.dropped = 0
         self.failing_since: float | None = None
+        self.backoff_s, self.next_try = 0.0, 0.0  # no waiting until a send fails
 
     def log(self, report: dict[str, Any], extra: list | None = None, tags: dict[str, str] | None = None) -> None:
-        """Queue one report's metrics and send everything queued; keep what fails for the next report.
+        """Queue one report's metrics and send everything queued, unless the backoff says to wait; keep what fails.
 
-        The last report of a run (FINAL_KEY) retries for up to FINAL_WAIT_S: training is over, and
-        nothing after it would deliver what is still queued.
+        The last report of a run (FINAL_KEY) keeps trying, backing off, for up to FINAL_WAIT_S: training
+        is over, and nothing after it would deliver what is still queued.
         """
         import time
 
@@ -101,15 +95,23 @@ class MetricLogger:
         if len(self.pending) > self.MAX_PENDING:
             self.dropped += len(self.pending) - self.MAX_PENDING
             del self.pending[: len(self.pending) - self.MAX_PENDING]
-        deadline = time.monotonic() + (self.FINAL_WAIT_S if report.get(FINAL_KEY) else 0.0)
-        while not self._send() and time.monotonic() < deadline:
-            time.sleep(2.0)
-        if self.pending and report.get(FINAL_KEY):
+        final = bool(report.get(FINAL_KEY))
+        if not final and time.monotonic() < self.next_try:
+            return
+        deadline = time.monotonic() + (self.FINAL_WAIT_S if final else 0.0)
+        while not self._send():
+            wait = min(self.next_try - time.monotonic(), deadline - time.monotonic())
+            if wait <= 0:
+                break
+            time.sleep(wait)
+        if self.pending and final:
             logger.warning(f"{redact(self.run.uri)} did not answer within {self.FINAL_WAIT_S:.0f}s after training: "
                            f"{len(self.pending)} metric values were not logged")
 
     def _send(self) -> bool:
-        """Send everything queued; False (and a warning when an outage starts) if the store fails."""
+        """Send everything queued, oldest first; False (a warning when an outage starts, the backoff doubled) if
+        the store fails. What a failed call carried stays first in the queue."""
+        import random
         import time
 
         sent = 0
@@ -123,11 +125,14 @@ class MetricLogger:
                 sent += min(self.BATCH, len(self.pending))
                 del self.pending[: self.BATCH]
         except Exception as err:  # any store failure: training must go on
+            self.backoff_s = min(max(2 * self.backoff_s, 1.0), self.BACKOFF_MAX_S)
+            self.next_try = time.monotonic() + self.backoff_s * random.uniform(0.8, 1.2)  # many trials: not in step
             if self.failing_since is None:
                 self.failing_since = time.monotonic()
                 logger.warning(f"cannot log metrics to {redact(self.run.uri)} ({type(err).__name__}: {_reason(err)}); "
                                "training goes on and the metrics are kept until MLflow answers again")
             return False
+        self.backoff_s, self.next_try = 0.0, 0.0
         if self.failing_since is not None:
             lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
             logger.warning(f"{redact(self.run.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
@@ -149,42 +154,45 @@ def _metric(key: str, value: float, step: int):
     return mlflow.entities.Metric(key, float(value), int(time.time() * 1000), int(step))
 
 
-def report_callback(run: Run, system_metrics_s: float = 0.0):
+# In Ray Train's controller, which only logs metrics: MetricLogger retries with its own backoff, so each
+# call fails in seconds rather than after MLflow's minutes of retries, which would stall the controller.
+CONTROLLER_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def report_callback(run: Run, target: TrackingTarget, system_metrics_s: float = 0.0):
     """A Ray Train callback, run on the controller, that logs rank 0's reports to MLflow (one place).
 
-    With system_metrics_s > 0 it also runs MLflow's system-metrics monitor (CPU, memory, disk, network,
-    GPU when present) there, from the first report to the last: the figures of the driver's node.
+    Every rank's report brings its node's samples; with system_metrics_s > 0 the controller also samples
+    its own node (the driver's figures, under MLflow's system/ names), from the first report to the last.
+    The target (with its login) travels inside the callback, not in an environment variable Ray shows.
     """
     from ray.train import UserCallback
 
-    login = credentials()  # carried to the controller inside the callback, not through an env var Ray shows
+    from ..common.node_metrics import NodeSampler
 
     class MLflowReportCallback(UserCallback):
         def __init__(self):
             self.logger = MetricLogger(run)
-            self.monitor = None
+            self.sampler: NodeSampler | None = None
+            self.step, self.started = 0, False
 
-        def _watch_system(self, final: bool) -> None:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            if self.monitor is None and not final and system_metrics_s > 0:
-                # Its start and stop INFO lines would reach the driver's terminal from this actor.
-                logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-                self.monitor = SystemMetricsMonitor(run.id, sampling_interval=system_metrics_s, resume_logging=True,
-                                                    tracking_uri=run.uri)
-                self.monitor.start()
-            elif self.monitor is not None and final:
-                self.monitor.finish()
+        def _start(self) -> None:
+            log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
+            target.activate()
+            set_for_process(CONTROLLER_HTTP)
+            if system_metrics_s > 0:
+                self.sampler = NodeSampler("", system_metrics_s, lambda: self.step)
 
         def after_report(self, run_context, metrics, checkpoint):
-            log.setup()  # this runs in Ray Train's controller process: its warnings need a handler there
-            use_credentials(login)
-            # This process only logs metrics: an unreachable server should cost seconds per report,
-            # not MLflow's default minutes of retries that would stall the controller.
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            if not self.started:  # the first report, in the controller (the callback is built in the driver)
+                self._start()
+                self.started = True
             if metrics:  # rank 0's report for the run's metrics; every rank's for its node's system metrics
-                self.logger.log(metrics[0], extra=node_metric_entries(metrics), tags=restart_tags(metrics[0]))
-                self._watch_system(final=bool(metrics[0].get(FINAL_KEY)))
+                report = metrics[0]
+                self.step = int(report.get("step", self.step))
+                own = node_metric_entries([{NODE_KEY: self.sampler.drain()}]) if self.sampler else []
+                if report.get(FINAL_KEY) and self.sampler is not None:
+                    self.sampler.stop.set()
+                self.logger.log(report, extra=[*node_metric_entries(metrics), *own], tags=restart_tags(report))
 
     return MLflowReportCallback()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common import log, storage
+from ..common.user import person
 from ..config import Config
 from ..data.manifest import Manifest
 from ..track import reports
@@ -29,8 +30,9 @@ class TrainOutcome:
 
 
 def default_run_name(cfg: Config) -> str:
-    """A name derived from the config, so re-running the same command resumes the same run."""
-    return f"train-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
+    """A name from the person and the config: re-running the same command resumes the same run, and two people
+    with the same config never adopt each other's MLflow run or Ray Train directory."""
+    return f"train-{person()}-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
 
 
 def train(cfg: Config, address: str | None = None, config_file: str | None = None) -> TrainOutcome:
@@ -40,7 +42,7 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
     with tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file) as run:
         logger.info(f"run {run_name} (MLflow run {run.id}, storage {setup.storage_path}/{run_name})")
         trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,
-                                callbacks=[reports.report_callback(run, cfg.tracking.system_metrics_s)],
+                                callbacks=[reports.report_callback(run, setup.target, cfg.tracking.system_metrics_s)],
                                 init=setup.init())
         with fit_interrupts():
             result = trainer.fit()

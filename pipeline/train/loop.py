@@ -23,6 +23,7 @@ from model import Transformer, average_checkpoints, cooldown_factor, label_smoot
 
 from ..common import checkpoint, log, storage
 from ..common.errors import UserError
+from ..common.node_metrics import NodeSampler
 from ..config import Config, config_from_dict
 from ..data.manifest import load_manifest
 from ..text.metrics import score
@@ -30,7 +31,6 @@ from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from . import elastic, parent
 from .batching import equalize_batch_count, token_budget_batches
-from .node_metrics import NodeSampler
 from .prefetch import Batch, BatchPrefetcher
 from .progress_window import HeldReports, Window
 from .schedule import Due, Schedule

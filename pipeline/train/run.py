@@ -25,7 +25,10 @@ from ..config import Config
 from ..data.manifest import Manifest
 from ..data.prepare import prepare
 from ..track import tracking
+from ..track.login import redacted
+from ..track.provenance import git_commit
 from ..track.publish import log_inputs
+from ..track.target import TrackingTarget, connect
 from . import parent
 from .capacity import check_capacity
 from .parent import Parent
@@ -35,11 +38,16 @@ from .parent import Parent
 class RunSetup:
     """Where a run logs and writes, and the data it trains on."""
 
-    uri: str  # the MLflow tracking URI, checked to answer
+    target: TrackingTarget  # where the run logs: the tracking URI, checked to answer, and its login
     manifest: Manifest
     storage_path: str  # train.storage_path, absolute: Ray Train's storage for runs and sweeps
     parent: Parent | None = None  # train.init_from's model, when fine-tuning
     init_path: str | None = None  # where the workers read the parent's weights (under storage_path)
+
+    @property
+    def uri(self) -> str:
+        """The tracking URI (without a login)."""
+        return self.target.uri
 
     def init(self) -> dict | None:
         """What the training loop needs to start from the parent: where its weights are, what it is."""
@@ -48,22 +56,22 @@ class RunSetup:
 
 def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None) -> RunSetup:
     """Check MLflow, connect to Ray (then call on_ray), check the cluster fits the workers, prepare the data."""
-    uri = tracking.connect(cfg.tracking.tracking_uri)
+    target = connect(cfg.tracking.tracking_uri)
     ensure_ray(address)
     if on_ray is not None:
         on_ray()
     check_capacity(cfg.train, cfg.train.resource_wait_s)
     storage_path = storage.absolute(cfg.train.storage_path)
     if not cfg.train.init_from:
-        return RunSetup(uri, prepare(cfg.data, address=address), storage_path)
+        return RunSetup(target, prepare(cfg.data, address=address), storage_path)
     # Fine-tuning: the parent's shape and vocabulary are checked before any data is prepared.
-    found = parent.resolve(cfg.train.init_from, uri)
+    found = parent.resolve(cfg.train.init_from, target.uri)
     parent.check_tokenizer(found, cfg.data)
     tokenizer = found.tokenizer
     vocab = tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size
     parent.check_shape(found.config, found.described, cfg.transformer_config(*vocab))
     manifest = prepare(cfg.data, address=address, tokenizer=tokenizer)
-    return RunSetup(uri, manifest, storage_path, found, parent.stage(found, storage_path))
+    return RunSetup(target, manifest, storage_path, found, parent.stage(found, storage_path))
 
 
 @contextlib.contextmanager
@@ -72,14 +80,14 @@ def tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: di
     """The MLflow run called `name` (the existing one when resuming) of command `source`, its inputs logged,
     for the block: FINISHED with run.end_tags when it ends, KILLED on Ctrl-C, FAILED on an error."""
     manifest = setup.manifest
-    tags = {"git_commit": tracking.git_commit(), "data_manifest": manifest.sha256,
+    tags = {"git_commit": git_commit(), "data_manifest": manifest.sha256,
             "tokenizer_sha256": manifest.tokenizer_info.sha256, **tags}
     if setup.parent is not None:  # a fine-tuned run names the model it started from
         tags.update({"parent_model": setup.parent.described, "init_from": setup.parent.spec})
     # Under `mlflow run`, MLflow has made this command's run already: it becomes the run (the first
     # one only: `nmt demo` starts a sweep, then a training run).
     with tracking.mlflow_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,
-                             adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None)) as run:
+                             adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None), user=setup.target.username) as run:
         log_inputs(run, cfg, manifest, config_file, extra_files)
         yield run
 
@@ -122,7 +130,7 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     )
     # Ray's Train state API shows train_loop_config: no login of a URI in it (workers never log to MLflow).
     # attempt: this fit's id, so that a checkpoint tells the loop whether a resume is a new command's.
-    loop_config = tracking.redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
+    loop_config = redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
                                      "init": init, "attempt": uuid.uuid4().hex})
     return TorchTrainer(train_loop, train_loop_config=loop_config,
                         scaling_config=scaling, run_config=run_config)

@@ -13,6 +13,8 @@ import yaml
 from ..common import checkpoint, log, storage
 from ..config import Config
 from ..track import reports, tracking
+from ..track.login import redacted
+from ..track.target import mlflow_client
 from .search_space import apply
 
 
@@ -31,7 +33,7 @@ class SweepOutcome:
 def summarize(uri: str, cfg: Config, results, space: dict) -> list[dict[str, Any]]:
     """One row per trial: params, best val_bleu and its checkpoint, steps, status; early stops marked in MLflow."""
 
-    client = tracking.mlflow_client(uri)
+    client = mlflow_client(uri)
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     trials = []
     for result in results:
@@ -107,8 +109,7 @@ def log_summary(parent: tracking.Run, cfg: Config, trials: list[dict], best: dic
                                  t["status"], t is best, t["run_id"]])
         if best:
             files.append(Path(tmp) / "best_config.yaml")
-            files[-1].write_text(tracking.redact(yaml.safe_dump(apply(cfg, best["params"])[0].to_dict(),
-                                                                sort_keys=False)))
+            files[-1].write_text(yaml.safe_dump(redacted(apply(cfg, best["params"])[0].to_dict()), sort_keys=False))
         files += save_sweep_plots(space, trials, Path(tmp))
         parent.log_artifacts(files)
 

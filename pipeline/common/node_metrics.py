@@ -1,10 +1,11 @@
-"""System metrics of every node that hosts a training worker, sampled there and logged by the driver's callback.
+"""System metrics of a node (CPU, memory, disk, network; GPU utilisation and memory where NVML answers),
+sampled in a thread under MLflow's metric names.
 
-MLflow's own monitor runs in one process and describes one node. Here the first worker on each node
-samples that node (CPU, memory, disk, network, and GPU utilisation and memory where NVML answers),
-under MLflow's metric names, and the samples travel with the worker's reports, so a straggler or an
-idle GPU on any node shows in the run as `system/<node>/<metric>`. Workers never talk to MLflow, and
-do not import it: that alone takes seconds of every worker's start.
+The first training worker on each node samples it, and the samples travel with the worker's reports,
+so a straggler or an idle GPU on any node shows in the run as `system/<node>/<metric>`; Ray Train's
+controller samples its own node as `system/<metric>`. Both reach MLflow through the buffered metric
+logger, so an outage of the server loses none of them. Workers never talk to MLflow, and do not
+import it: that alone takes seconds of every worker's start.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def sample(gpus: list) -> dict[str, float]:
 
 
 class NodeSampler:
-    """Samples this node every interval_s in a daemon thread; drain() hands over what was sampled since."""
+    """Samples this node every interval_s in a daemon thread; drain() hands over what was sampled since.
+
+    node names it in the metrics (system/<node>/...); "" gives MLflow's own names (system/...).
+    """
 
     def __init__(self, node: str, interval_s: float, step=lambda: 0):
-        self.prefix, self.interval_s, self.step = f"system/{node}/", interval_s, step
+        self.prefix, self.interval_s, self.step = f"system/{node}/" if node else "system/", interval_s, step
         self.samples: list[dict] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()  # never set: the daemon thread ends with the worker process
