@@ -17,6 +17,7 @@ from ..common.errors import UserError
 from ..data.textfiles import read_lines
 from ..text.metrics import check_counts, score_with_signatures
 from ..track import registry, reports, tracking
+from ..track.target import connect, mlflow_client
 
 PROGRESS_EVERY_S = 5.0
 logger = log.get("translate")
@@ -62,7 +63,7 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
     """`nmt export`: the model as a CTranslate2 directory, attached to its model version when it has one."""
     from ..text.ct2 import export as export_ct2
 
-    uri = tracking.connect(tracking_uri)
+    uri = connect(tracking_uri).uri
     version = registry.model_version(uri, model_uri)
     translator = registry.load_translator(uri, model_uri, device="cpu")
     directory = export_ct2(translator, out, quantization)
@@ -114,7 +115,8 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
              device: str = "auto", engine: str = "auto") -> dict:
     """Translate, score with sacreBLEU, log an evaluation run linked to the model version; returns the scores."""
     device = str(resolve_device(device))  # a bad --device fails before any work
-    uri = tracking.connect(tracking_uri)
+    target = connect(tracking_uri)
+    uri = target.uri
     version = registry.model_version(uri, model_uri)
     if split:
         sources, references, where = split_texts(version, split, data_dir)
@@ -141,7 +143,7 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
     decoding = {"beam_size": beam_size, "length_penalty": loaded.alpha}
     with tracking.mlflow_run(uri, experiment, f"{run_name}-{int(time.time())}", decoding, tags,
-                             source="nmt evaluate") as run:
+                             source="nmt evaluate", user=target.username) as run:
         reports.log_metrics(run, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})
         with tempfile.TemporaryDirectory() as tmp:
             hyp_file = Path(tmp) / f"{label}.hyp.txt"
@@ -149,8 +151,20 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
             run.log_artifacts([hyp_file])
         run.end_tags.update({k: str(v) for k, v in scores.items() if k.endswith("signature")})
     if version is not None:
-
-        client = tracking.mlflow_client(uri)
-        client.set_model_version_tag(version.name, version.version, f"{label}_bleu", f"{scores['bleu']:.2f}")
-        client.set_model_version_tag(version.name, version.version, f"{label}_eval_run", run.id)
+        _tag_version(uri, version, {f"{label}_bleu": f"{scores['bleu']:.2f}", f"{label}_eval_run": run.id})
     return {**scores, "sentences": len(hypotheses), "run_id": run.id}
+
+
+def _tag_version(uri: str, version, tags: dict[str, str]) -> None:
+    """The evaluation's scores on the model version; a login that may not edit the model (HTTP 403) only warns."""
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(uri)
+    try:
+        for key, value in tags.items():
+            client.set_model_version_tag(version.name, version.version, key, value)
+    except MlflowException as err:
+        if err.get_http_status_code() != 403:
+            raise
+        logger.warning(f"the scores stay in the evaluation run: tagging {version.name} version {version.version} "
+                       "with them needs EDIT on the registered model (the promoting login)")
