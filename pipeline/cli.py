@@ -134,20 +134,30 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
-    from .track import champion
+    from .track import registry
     from .track.target import connect
 
     cfg = _load(args)
-    uri = connect(cfg.tracking.tracking_uri).uri
-    name = args.name or cfg.tracking.registered_model
-    if args.version is None:  # versions a crashed registration left undecided get the val_bleu rule
+    target = connect(cfg.tracking.tracking_uri)
+    uri, name = target.uri, args.name or cfg.tracking.registered_model
+    with registry.refused_as_user_error(uri, f"promoting {name}", target.username):
+        return _promote(uri, name, args.version)
+
+
+def _promote(uri: str, name: str, version: str | None) -> int:
+    from .track import champion, registry
+
+    if version is None:  # candidates of logins that may not register, and versions left undecided
+        added = registry.register_candidates(uri, name)
         decision = champion.decide(uri, name)
         if decision.version is None:
             raise UserError(f"registered model {name!r} has no version with a val_bleu to decide on")
+        if added:
+            print(f"registered {name} version{'s' * (len(added) > 1)} {', '.join(added)} from candidate runs")
         print(f"{name} version {decision.version} (val_bleu {decision.val_bleu:.2f}) is @{champion.CHAMPION}")
         return 0
-    champion.promote(uri, name, args.version)
-    print(f"{name} version {args.version} is now @{champion.CHAMPION}")
+    champion.promote(uri, name, version)
+    print(f"{name} version {version} is now @{champion.CHAMPION}")
     return 0
 
 

@@ -139,10 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight type of the export (default int8: about 4x smaller, slightly lower BLEU)")
     export.add_argument("--out", default="ctranslate2-model", help="the directory to write (default ctranslate2-model)")
 
-    promote = command("promote", "move the champion alias to a model version by hand, or decide undecided versions",
+    promote = command("promote", "move the champion alias to a model version by hand, or register candidate runs "
+                      "and decide undecided versions",
                       ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14-en-de", "nmt promote"], config=True)
-    promote.add_argument("version", nargs="?", help="the model version number; without it, versions left undecided "
-                                                    "(registration cut off) get the val_bleu rule")
+    promote.add_argument("version", nargs="?", help="the model version number; without it, runs whose login could "
+                                                    "not register are registered, and undecided versions get the "
+                                                    "val_bleu rule")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
 
     serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
 from pipeline.common.environment import environment  # noqa: F401 (tests import it from here)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The servers the tests start (benchmarks/servers.py: PostgreSQL, `mlflow server`) and the team's logins
+# (deploy/mlflow_users.py) are the benchmarks' and the deployment's own.
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
+import servers  # noqa: E402
+from servers import MlflowServer, PostgresCluster, free_port  # noqa: E402,F401 (tests import free_port from here)
+
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
-HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket"}
+HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket", "postgres"}
 
 
 def _cuda_test_device() -> str:
@@ -103,15 +110,6 @@ def ray_session():
     ray.shutdown()
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # A local S3-compatible server (moto) stands in for object storage. Its address and test
 # credentials are in the environment from the start, before any Ray instance: Ray workers
 # inherit the environment their node started with, and pyarrow, Ray Train and boto3 all read
@@ -143,68 +141,36 @@ def s3_bucket():
 
 
 def wait_http(url: str, timeout_s: float, process=None) -> None:
-    """Poll url until it answers 200; fail with the process's exit if it died first."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            pytest.fail(f"{process.args[:3]} exited with {process.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{url} did not answer within {timeout_s:.0f}s")
-
-
-def stop_process(process, timeout_s: float = 15.0) -> None:
-    """Stop a process started with start_new_session=True, and everything it spawned."""
-    import signal
-    import subprocess
-
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
+    """Poll url until it answers 200; fail the test if the process died first or time ran out."""
     try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout_s)
+        servers.wait_http(url, timeout_s, process)
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
-def _start_mlflow_server(root: pathlib.Path, *extra: str, env: dict[str, str] | None = None,
-                         artifacts: str | None = None):
-    """A real `mlflow server` on 127.0.0.1 with an SQLite store; artifacts under root unless given; yields
-    (uri, process)."""
-    import subprocess
-    import sys
-
-    port = free_port()
-    log = open(root / "server.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", artifacts or str(root / "artifacts"),
-         *extra],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
-        # The server's background job runner (for GenAI features) only costs start-up time here.
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})})
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{uri}/health", 300, process)
-        yield uri, process
-    finally:
-        stop_process(process)
-        log.close()
+stop_process = servers.stop_tree  # stops a process started with start_new_session=True, and its children
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory, s3_bucket):
-    """A real `mlflow server` without logins whose artifacts go to the session's S3 server, stopped afterwards.
+def postgres():
+    """A throwaway PostgreSQL cluster on 127.0.0.1 for the session's MLflow servers (fsync off: test data only).
+
+    The server binaries come from Debian's postgresql package, which .ci/run installs; elsewhere a
+    test needing it skips without them (under CI=true it fails).
+    """
+    try:
+        cluster = PostgresCluster(durable=False)
+    except RuntimeError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, s3_bucket, postgres):
+    """A real `mlflow server` on PostgreSQL, without logins, whose artifacts go to the session's S3 server.
 
     Clients upload through the server (proxied artifacts), as on a cluster whose nodes have no
     bucket credentials; only the server writes to the bucket.
@@ -213,31 +179,37 @@ def mlflow_server(tmp_path_factory, s3_bucket):
 
     root = tmp_path_factory.mktemp("mlflow-server")
     artifacts = f"{s3_bucket}/mlflow-artifacts"
-    for uri, process in _start_mlflow_server(root, artifacts=artifacts, env={"MLFLOW_S3_ENDPOINT_URL": S3_ENDPOINT}):
-        yield types.SimpleNamespace(uri=uri, root=root, process=process, artifacts=artifacts)
+    with MlflowServer(root, postgres.database("mlflow_open"), artifacts=artifacts,
+                      env={"MLFLOW_S3_ENDPOINT_URL": S3_ENDPOINT}) as server:
+        yield types.SimpleNamespace(uri=server.uri, root=root, process=server.process, artifacts=artifacts)
+
+
+# The team on the login server: two people, the read-only login of serving, and the promoting login, which
+# alone manages TEAM_MODEL (deploy/mlflow_users.py makes them, as a team's admin would).
+TEAM = ("alice", "bob", "serving", "promoter")
+TEAM_MODEL = "transformer-nmt-team-tests"
 
 
 @pytest.fixture(scope="session")
-def mlflow_auth_server(tmp_path_factory):
-    """`mlflow server --app-name basic-auth` with a generated admin password and one user, `trainer`, of its own."""
+def mlflow_auth_server(tmp_path_factory, postgres):
+    """`mlflow server --app-name basic-auth` on PostgreSQL with a generated admin password and its logins:
+    `trainer` (the user most tests log in as) and the team's (TEAM, each with a password of its own)."""
     import secrets
     import types
 
-    root = tmp_path_factory.mktemp("mlflow-auth-server")
-    admin_password, password = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-    (root / "basic_auth.ini").write_text(
-        "[mlflow]\ndefault_permission = READ\n"
-        f"database_uri = sqlite:///{root / 'basic_auth.db'}\nadmin_username = admin\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    env = {"MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)}  # the login app's CSRF protection needs one
-    for uri, process in _start_mlflow_server(root, "--app-name", "basic-auth", env=env):
-        from mlflow.server import get_app_client
+    from mlflow_users import create_user, team_model
 
-        with environment(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=admin_password):
-            get_app_client("basic-auth", tracking_uri=uri).create_user("trainer", password)
-        yield types.SimpleNamespace(uri=uri, root=root, process=process, user="trainer", password=password,
-                                    admin_password=admin_password)
+    root = tmp_path_factory.mktemp("mlflow-auth-server")
+    with MlflowServer(root, postgres.database("mlflow_team"), auth=True,
+                      auth_backend=postgres.database("mlflow_team_auth")) as server:
+        logins = {name: secrets.token_urlsafe(16) for name in ("trainer", *TEAM)}
+        with server.admin():
+            for name, password in logins.items():
+                create_user(server.uri, name, password)
+            team_model(server.uri, TEAM_MODEL, "promoter")
+        yield types.SimpleNamespace(uri=server.uri, root=root, process=server.process, user="trainer",
+                                    password=logins["trainer"], admin_password=server.admin_password,
+                                    logins=logins, team_model=TEAM_MODEL)
 
 
 @pytest.fixture(scope="session")

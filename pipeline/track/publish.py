@@ -83,6 +83,9 @@ def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manif
     if existing:
         logger.info(f"run already registered as {name} version {existing}")
         return None
+    if run.client().get_run(run.id).data.tags.get(registry.CANDIDATE_TAG) == name:
+        logger.info(f"run is already a candidate for {name}: `nmt promote` with the promoting login registers it")
+        return None
     with best.as_directory() as directory:
         translator = Translator.from_checkpoint(directory, manifest.tokenizer(), beam_size=cfg.train.beam_size,
                                                 alpha=cfg.train.length_penalty)

@@ -92,27 +92,108 @@ def version_of_run(uri: str, name: str, run_id: str) -> str | None:
 
 
 def register(run: Run, translator: Translator, name: str, val_bleu: float,
-             tags: dict[str, str], example: str) -> Registered:
-    """Register a model as a new version of `name`; it becomes champion only if its val_bleu is higher."""
+             tags: dict[str, str], example: str) -> Registered | None:
+    """Register a model as a new version of `name`; it becomes champion only if its val_bleu is higher.
+
+    A login that may not add versions of `name` (on a team's server only the promoting identity may):
+    the model stays logged in the run, which is marked a candidate for `nmt promote` (None).
+    """
     from mlflow.exceptions import MlflowException
 
-    client = _client(run.uri)
     info = log_model(run, translator, example)
-    # Through the client rather than log_model(registered_model_name=): the same registration
-    # without MLflow's "Successfully registered model" prints (our own line below says it).
+    tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run.id, **{key: str(value) for key, value in tags.items()}}
     try:
-        client.create_registered_model(name)
+        version = _create_version(run.uri, name, info.model_uri, info.model_id, run.id, tags)
     except MlflowException as err:
-        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+        if err.get_http_status_code() != 403:
             raise
-    tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run.id, **tags}
-    version = str(client.create_model_version(name, info.model_uri, run_id=run.id, model_id=info.model_id,
-                                              tags={key: str(value) for key, value in tags.items()}).version)
+        mark_candidate(run, name, info.model_uri, info.model_id, tags)
+        logger.info(f"this MLflow login may not register versions of {name} (HTTP 403): the model is logged in run "
+                    f"{run.id}, a candidate; `nmt promote` with the promoting login registers it and decides "
+                    "the champion")
+        return None
     decision = champion.decide(run.uri, name)
     better = decision.version == version
     logger.info(f"registered {name} version {version} (val_bleu {val_bleu:.2f}); " + (
         "it is the champion" if better else f"champion stays version {decision.version} ({decision.val_bleu:.2f})"))
     return Registered(name, version, val_bleu, better, decision.previous[1] if decision.previous else None)
+
+
+CANDIDATE_TAG = "nmt.candidate"  # on a run whose login could not register its model: the registered model's name
+CANDIDATE_MODEL_TAG = "nmt.candidate_model"  # {"model_uri", "model_id", "tags"}: what registering it takes
+
+
+def _create_version(uri: str, name: str, model_uri: str, model_id: str | None, run_id: str,
+                    tags: dict[str, str]) -> str:
+    """A new version of `name` (made first if it does not exist) from a logged model; its number."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    # Through the client rather than log_model(registered_model_name=): the same registration
+    # without MLflow's "Successfully registered model" prints (our own line says it).
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    return str(client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id, tags=tags).version)
+
+
+def mark_candidate(run: Run, name: str, model_uri: str, model_id: str | None, tags: dict[str, str]) -> None:
+    """Tag a run whose model this login could not register: `nmt promote` finds and registers it."""
+    import json
+
+    run.client().set_tag(run.id, CANDIDATE_MODEL_TAG, json.dumps({"model_uri": model_uri, "model_id": model_id,
+                                                                  "tags": tags}))
+    run.client().set_tag(run.id, CANDIDATE_TAG, name)
+
+
+def register_candidates(uri: str, name: str) -> list[str]:
+    """Register every candidate run of `name` not registered yet (the promoting login's work); the new versions."""
+    import json
+
+    client = _client(uri)
+    experiments = [e.experiment_id for e in _all_experiments(client)]
+    added = []
+    for start in range(0, len(experiments), 100):  # search_runs takes at most 100 experiments at a time
+        runs = client.search_runs(experiments[start: start + 100], f"tags.`{CANDIDATE_TAG}` = '{name}'",
+                                  max_results=1000)
+        for found in sorted(runs, key=lambda r: r.info.start_time):
+            if version_of_run(uri, name, found.info.run_id):
+                continue
+            candidate = json.loads(found.data.tags[CANDIDATE_MODEL_TAG])
+            version = _create_version(uri, name, candidate["model_uri"], candidate["model_id"], found.info.run_id,
+                                      candidate["tags"])
+            logger.info(f"registered {name} version {version} from candidate run {found.info.run_id} "
+                        f"(val_bleu {candidate['tags'].get('val_bleu')}, by {found.data.tags.get('mlflow.user')})")
+            added.append(version)
+    return added
+
+
+@contextlib.contextmanager
+def refused_as_user_error(uri: str, doing: str, user: str) -> Iterator[None]:
+    """A 403 of the tracking server inside the block as one line saying which login it needs."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as err:
+        if err.get_http_status_code() != 403:
+            raise
+        who = f"MLflow user {user!r}" if user else "this MLflow login"
+        raise UserError(f"{redact(uri)} refused {doing} (HTTP 403): {who} may not change the registered model; "
+                        "registering versions and moving @champion take the promoting login "
+                        "(deploy/tracking-server.md, users and permissions)") from None
+
+
+def _all_experiments(client) -> list:
+    experiments, token = [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        experiments += page
+        token = page.token
+        if not token:
+            return experiments
 
 
 def load(uri: str, model_uri: str, device: str = "auto"):
