@@ -52,6 +52,11 @@ def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
 
 
+def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, the path inside it) of a local path or storage URI."""
+    return _resolve(path)
+
+
 def open_input_file(path: str):
     """A seekable binary file (pyarrow's NativeFile: seek, read, tell, size) for a local path or URI."""
     fs, inner = _resolve(path)

@@ -9,26 +9,30 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
-from ..common import log
+from ..common import log, storage
 from ..common.errors import UserError
+from ..common.user import person
 from ..config import Config, config_from_dict
 from ..track import reports, tracking
 from ..track.publish import dataset_inputs, publish
 from ..train.run import RunSetup, build_trainer, fit_interrupts, prepare_run, tracked_run
 from .search_space import apply, base_point, grid_size, largest, load_space, to_tune
+from .state_seal import sealed_filesystem
 from .summary import SweepOutcome, best_trial, log_summary, summarize, trial_lines
 
 logger = log.get("tune")
 
 
 def default_sweep_name(cfg: Config, space_text: str) -> str:
-    """A name from the config and the space, so the same command finds the same sweep again."""
-    return f"tune-{cfg.digest(('data', 'model', 'train', 'tune'), extra=space_text)}"
+    """A name from the person, the config and the space: the same command finds the same sweep again, and two
+    people with the same config never share one (its storage directory, its MLflow run)."""
+    return f"tune-{person()}-{cfg.digest(('data', 'model', 'train', 'tune'), extra=space_text)}"
 
 
 def max_concurrent(cfg: Config) -> int:
@@ -171,9 +175,8 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
 
     space = load_space(space_path, cfg)  # a bad space fails here, before MLflow, Ray or data
     space_text = Path(space_path).read_text(encoding="utf-8")
-    prepared = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
     name = cfg.tune.name or default_sweep_name(cfg, space_text)
-    path = f"{prepared.storage_path}/{name}"
+    path = storage.join(storage.absolute(cfg.train.storage_path), name)
     exists = tune.Tuner.can_restore(path)
     if resume is None:
         resume = exists
@@ -182,15 +185,18 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
                         f"or --set tune.name=NEW for a new one")
     if resume and not exists:
         raise UserError(f"no sweep to resume at {path}; run it once without --resume")
+    # Its state checked against this person's seal before anything is unpickled, or before any work.
+    state_fs = sealed_filesystem(path, resume=exists)
+    prepared = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
     with tracked_run(prepared, cfg, "nmt tune", name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
                      config_file, extra_files=(space_path,)) as parent:
         logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent.id}, results in {path}")
-        trials, best, registered = _fit_and_publish(cfg, space, prepared, parent, name, path, exists)
+        trials, best, registered = _fit_and_publish(cfg, space, prepared, parent, name, path, exists, state_fs)
     return SweepOutcome(name, parent.id, trials, best, registered, path)
 
 
 def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: tracking.Run, name: str, path: str,
-                     exists: bool) -> tuple[list[dict], dict | None, Any]:
+                     exists: bool, state_fs: tuple[Any, str]) -> tuple[list[dict], dict | None, Any]:
     """Run (or restore) the Tuner under the parent run, summarize its trials, publish the best one."""
     from ray import tune
 
@@ -203,15 +209,19 @@ def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: track
     # CPU (a bundle cannot be empty, so a little memory stands in).
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
     search_alg, param_space, samples = search_algorithm(cfg, space, max_concurrent(cfg))
+    # Tune reads and writes its state through the sealed filesystem (state_seal), at the directory's path in it.
+    filesystem, directory = state_fs
     if exists:
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
+        tuner = tune.Tuner.restore(directory, trainable=trainable, resume_errored=True, param_space=param_space,
+                                   storage_filesystem=filesystem)
     else:
         tuner = tune.Tuner(
             trainable, param_space=param_space,
             tune_config=tune.TuneConfig(metric=cfg.tune.metric, mode=cfg.tune.mode, num_samples=samples,
                                         scheduler=_scheduler(cfg, space), search_alg=search_alg),
             # Tune's status tables only with `nmt -v`; by default one line per trial start and end.
-            run_config=tune.RunConfig(name=name, storage_path=prepared.storage_path, verbose=int(log.verbose()),
+            run_config=tune.RunConfig(name=name, storage_path=posixpath.dirname(directory),
+                                      storage_filesystem=filesystem, verbose=int(log.verbose()),
                                       callbacks=[trial_lines(cfg.train.max_steps)]),
         )
     with fit_interrupts() as handler_before_fit:  # Ctrl-C: KILLED; `nmt tune --resume` continues it
