@@ -108,3 +108,58 @@ def test_decoding_settings_travel_with_the_model_files_and_the_export(tokenizer,
     (tmp_path / "files" / "decoding.json").unlink()  # files written before the settings were stored
     older = Translator.from_files(tmp_path / "files", device="cpu")
     assert (older.beam_size, older.alpha) == (4, 0.6)
+
+
+def test_export_replaces_only_a_directory_it_marked_and_never_the_working_directory(tokenizer, tmp_path,
+                                                                                    monkeypatch):
+    # Someone's directory that happens to hold a file called model.bin: not an export of ours.
+    theirs = tmp_path / "theirs"
+    (theirs / "data").mkdir(parents=True)
+    for name in ("model.bin", "notes.txt", "data/corpus.txt"):
+        (theirs / name).write_text(name)
+    with pytest.raises(UserError, match="holds no CTranslate2 model exported by nmt"):
+        ct2.export(_translator(tokenizer), theirs, "int8")
+    assert sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*")) == [
+        "data", "data/corpus.txt", "model.bin", "notes.txt"]
+    # An export carries its marker (the model it holds); a second export replaces it.
+    ours = ct2.export(_translator(tokenizer), tmp_path / "ours", "int8", source="models:/m/3")
+    assert ct2.export_info(ours) == {"model": "models:/m/3", "quantization": "int8", "max_positions": 128}
+    assert ct2.export(_translator(tokenizer), ours, "float32", source="models:/m/4") == ours
+    # `--out .` from inside an export, or from a directory below it: refused, the directory stays.
+    (ours / "work").mkdir()
+    for where, out in ((ours, "."), (ours / "work", "..")):
+        monkeypatch.chdir(where)
+        with pytest.raises(UserError, match="is the working directory or holds it"):
+            ct2.export(_translator(tokenizer), out, "int8")
+    assert (ours / "work").is_dir() and ct2.export_info(ours)["model"] == "models:/m/4"
+
+
+def test_ct2_length_cap_refuses_or_truncates_a_source_longer_than_the_positions(tokenizer, tmp_path):
+    from registry_files import small_translator
+
+    translator = small_translator(tokenizer, max_positions=24)
+    engine = ct2.Ct2Translator(ct2.export(translator, tmp_path / "ct2", "float32"), beam_size=1)
+    long, short = " ".join(["dog"] * 40), "a small dog runs over the green grass"
+    assert engine.too_long([short, long]) == [1] and translator.too_long([short, long]) == [1]
+    for model in (engine, translator):  # the same contract for both engines
+        with pytest.raises(ValueError, match="longer than the model's 24 positions"):
+            model.translate([short, long])
+        assert len(model.translate([short, long], truncate=True)) == 2
+    # An untrained model runs its outputs to the limit: the limit stays within the positions (source + 50 would not).
+    assert len(engine.translate([short] * 3)) == 3
+
+
+def test_ct2_length_of_an_evaluation_source_does_not_abort_it(tokenizer, tmp_path, caplog):
+    from registry_files import register, small_translator
+
+    from pipeline.serve import commands
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register(uri, "m", [small_translator(tokenizer, max_positions=24)], tmp_path)
+    commands.export(uri, "models:/m/1", str(tmp_path / "ct2"), "float32")
+    (tmp_path / "src.txt").write_text("a small dog\n" + " ".join(["dog"] * 40) + "\n")
+    (tmp_path / "ref.txt").write_text("a small dog\nthe dogs\n")
+    scores = commands.evaluate(uri, "e", "models:/m/1", 1, src_file=str(tmp_path / "src.txt"),
+                               ref_file=str(tmp_path / "ref.txt"), engine="ctranslate2")
+    assert scores["sentences"] == 2
+    assert "1 of 2 sources" in caplog.text and "longer than the model's positions" in caplog.text

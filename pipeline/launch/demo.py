@@ -38,8 +38,8 @@ def _banner(step: int, total: int, text: str) -> None:
 
 def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[str] | None = None) -> dict:
     """Prepare, sweep, register, evaluate, translate; returns the figures the summary shows."""
-    from ..serve.commands import evaluate, load_engine, translate
-    from ..track.registry import champion_uri, model_version
+    from ..serve.commands import evaluate, load_engine, pin, split_texts, translate
+    from ..track.registry import champion_uri
     from ..track.target import connect
     from ..tune.summary import format_trials
     from ..tune.sweep import sweep
@@ -59,15 +59,14 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     _banner(2, 4, "trials (val BLEU on the validation split)")
     print(format_trials(outcome))
     model_uri = champion_uri(cfg.tracking.registered_model)
+    pinned, version = pin(uri, model_uri)  # steps 3 and 4 use this version, wherever the alias moves meanwhile
     _banner(3, 4, f"test BLEU of the champion ({model_uri})")
-    scores = evaluate(uri, cfg.tracking.experiment, model_uri, None, split="test")  # decoding stored with the model
+    scores = evaluate(uri, cfg.tracking.experiment, pinned, None, split="test")  # decoding stored with the model
     print(f"test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}  ({scores['bleu_signature']})")
     _banner(4, 4, "example translations from the test split")
-    from ..serve.commands import split_texts
-
-    sources, references, _ = split_texts(model_version(uri, model_uri), "test", None)
+    sources, references, _ = split_texts(version, "test", None)
     with tempfile.TemporaryDirectory() as scratch:  # where a CTranslate2 export would be downloaded to
-        engine = load_engine(uri, model_uri, "auto", "auto", scratch).translate
+        engine = load_engine(uri, pinned, "auto", "auto", scratch).translate
         hypotheses = translate(engine, sources[:EXAMPLES], None)
     for src, ref, hyp in zip(sources, references, hypotheses):
         print(f"  en : {src}\n  de*: {ref}\n  out: {hyp}\n")

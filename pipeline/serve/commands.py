@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import sys
 import tempfile
@@ -30,9 +31,23 @@ class LoadedEngine(NamedTuple):
     """A model ready to translate, and the decoding settings it uses unless told otherwise."""
 
     name: str  # pytorch or ctranslate2
-    translate: Engine
+    model: Any  # Translator or Ct2Translator: translate(texts, beam_size=, truncate=), too_long(texts)
     beam_size: int
     alpha: float
+
+    def translate(self, texts: list[str], beam_size: int | None, truncate: bool = False) -> list[str]:
+        """Translations; a source longer than the model's positions is a ValueError, or with truncate cut to fit."""
+        return self.model.translate(texts, beam_size=beam_size, truncate=truncate)
+
+
+def pin(uri: str, model_uri: str) -> tuple[str, Any | None]:
+    """(URI to load, registry version): an alias such as @champion resolved once, to models:/NAME/VERSION.
+
+    Everything after reads that version's files by number, so an alias that a sweep moves in between can
+    never put one version's files under another's name.
+    """
+    version = registry.model_version(uri, model_uri)
+    return (f"models:/{version.name}/{version.version}", version) if version is not None else (model_uri, None)
 
 
 def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str) -> LoadedEngine:
@@ -40,7 +55,7 @@ def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str
 
     "auto" takes CTranslate2 when the package is installed and the model version has an export.
     """
-    version = registry.model_version(uri, model_uri)
+    model_uri, version = pin(uri, model_uri)
     if engine != "pytorch":
         has_ct2 = importlib.util.find_spec("ctranslate2") is not None
         directory = registry.ctranslate2_export(uri, version, workdir) if has_ct2 or engine == "ctranslate2" else None
@@ -49,14 +64,12 @@ def load_engine(uri: str, model_uri: str, engine: str, device: str, workdir: str
 
             on_gpu = resolve_device(device).type == "cuda"
             ct2 = Ct2Translator(directory, device="cuda" if on_gpu else "cpu")
-            return LoadedEngine("ctranslate2", lambda texts, beam: ct2.translate(texts, beam_size=beam),
-                                ct2.beam_size, ct2.alpha)
+            return LoadedEngine("ctranslate2", ct2, ct2.beam_size, ct2.alpha)
         if engine == "ctranslate2":
             raise UserError(f"{model_uri} has no CTranslate2 export: run `nmt export --model {model_uri}` first "
                             "(it needs a registered model version: models:/NAME/VERSION or models:/NAME@ALIAS)")
     translator = registry.load_translator(uri, model_uri, device=device)
-    return LoadedEngine("pytorch", lambda texts, beam: translator.translate(texts, beam_size=beam),
-                        translator.beam_size, translator.alpha)
+    return LoadedEngine("pytorch", translator, translator.beam_size, translator.alpha)
 
 
 def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tuple[Path, Any]:
@@ -64,9 +77,9 @@ def export(tracking_uri: str, model_uri: str, out: str, quantization: str) -> tu
     from ..text.ct2 import export as export_ct2
 
     uri = connect(tracking_uri).uri
-    version = registry.model_version(uri, model_uri)
+    model_uri, version = pin(uri, model_uri)
     translator = registry.load_translator(uri, model_uri, device="cpu")
-    directory = export_ct2(translator, out, quantization)
+    directory = export_ct2(translator, out, quantization, source=model_uri)
     if version is not None:
         registry.log_ctranslate2(uri, version, directory, quantization)
     return directory, version
@@ -79,7 +92,10 @@ def translate(engine: Engine, texts: list[str], beam_size: int | None, batch_siz
     started = last_line = time.perf_counter()
     with _progress_bar(len(texts)) if progress and sys.stderr.isatty() else contextlib.nullcontext() as bar:
         for start in range(0, len(texts), batch_size):
-            out.extend(batch := engine(texts[start: start + batch_size], beam_size))
+            try:
+                out.extend(batch := engine(texts[start: start + batch_size], beam_size))
+            except ValueError as err:  # a sentence the model cannot take (longer than its positions)
+                raise UserError(f"sentence {start + 1}-{start + batch_size}: {err}; shorten or split it") from None
             now = time.perf_counter()
             if bar is not None:
                 bar.update(len(batch))
@@ -109,6 +125,14 @@ def split_texts(version, split: str, data_dir: str | None) -> tuple[list[str], l
     return table.column("src").to_pylist(), table.column("tgt").to_pylist(), path
 
 
+def _warn_too_long(loaded: LoadedEngine, sources: list[str], where: str) -> None:
+    """One line when some sources do not fit the model's positions: scored on a translation of their start."""
+    too_long = loaded.model.too_long(sources)
+    if too_long:
+        logger.warning(f"{len(too_long)} of {len(sources)} sources in {where} are longer than the model's positions "
+                       f"(the first: sentence {too_long[0] + 1}); each is translated from its first tokens")
+
+
 def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int | None,
              src_file: str | None = None,
              ref_file: str | None = None, split: str | None = None, data_dir: str | None = None,
@@ -117,7 +141,7 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
     device = str(resolve_device(device))  # a bad --device fails before any work
     target = connect(tracking_uri)
     uri = target.uri
-    version = registry.model_version(uri, model_uri)
+    pinned, version = pin(uri, model_uri)
     if split:
         sources, references, where = split_texts(version, split, data_dir)
         where = f"{where} split {split}"
@@ -128,11 +152,12 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
             raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}: "
                             f"they must pair line by line")
     with tempfile.TemporaryDirectory() as workdir:
-        loaded = load_engine(uri, model_uri, engine, device, workdir)
+        loaded = load_engine(uri, pinned, engine, device, workdir)
         engine, beam_size = loaded.name, beam_size or loaded.beam_size
         logger.info(f"translating {len(sources)} sentences with {engine} (beam {beam_size}, length penalty "
                     f"{loaded.alpha})")
-        hypotheses = translate(loaded.translate, sources, beam_size, progress=True)
+        _warn_too_long(loaded, sources, where)
+        hypotheses = translate(functools.partial(loaded.translate, truncate=True), sources, beam_size, progress=True)
     check_counts(hypotheses, references)
     scores = score_with_signatures(hypotheses, references)
     label = split or Path(src_file).stem

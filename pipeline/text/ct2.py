@@ -8,6 +8,7 @@ and this project's SentencePiece model(s), and translates on its own with Ct2Tra
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ from .tokenizer import BOS_ID, PAD_ID, Tokenizer
 from .translator import Translator, read_decoding, write_decoding
 
 QUANTIZATIONS = ("int8", "float32")
+# Written into every export: the model it holds and its positions. Only a directory holding it is ever replaced.
+EXPORT_MARKER = "nmt-export.json"
 
 
 def _ctranslate2():
@@ -120,8 +123,11 @@ def _pieces(processor) -> list[str]:
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
-def export(translator: Translator, directory: str | Path, quantization: str = "int8") -> Path:
-    """Write the translator as a CTranslate2 model directory, its SentencePiece model(s) included."""
+def export(translator: Translator, directory: str | Path, quantization: str = "int8", source: str = "") -> Path:
+    """Write the translator as a CTranslate2 model directory, its SentencePiece model(s) included.
+
+    source: the model it came from (models:/NAME/VERSION), recorded in the directory's marker.
+    """
     tokenizer = translator.tokenizer
 
     def also(where: Path) -> None:
@@ -129,11 +135,11 @@ def export(translator: Translator, directory: str | Path, quantization: str = "i
         write_decoding(where, translator.beam_size, translator.alpha)
 
     return write_model(translator.model, _pieces(tokenizer.src), _pieces(tokenizer.tgt), directory, quantization,
-                       also=also)
+                       also=also, source=source)
 
 
 def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], directory: str | Path,
-                quantization: str = "int8", also: Callable[[Path], object] | None = None) -> Path:
+                quantization: str = "int8", also: Callable[[Path], object] | None = None, source: str = "") -> Path:
     """The model as a CTranslate2 directory (also(dir) adds files), written aside, then renamed into place."""
     if quantization not in QUANTIZATIONS:
         raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
@@ -149,6 +155,8 @@ def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], 
         spec.save(str(partial))
         if also is not None:
             also(partial)
+        (partial / EXPORT_MARKER).write_text(json.dumps({"model": source, "quantization": quantization,
+                                                         "max_positions": model.cfg.max_positions}, indent=2))
         if directory.exists():  # an earlier export: moved aside, not deleted until the new one is in place
             directory.rename(earlier)
         partial.rename(directory)
@@ -159,14 +167,27 @@ def write_model(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], 
 
 
 def _check_replaceable(directory: Path) -> None:
-    """Refuse to replace anything but a missing or empty directory or an earlier export: never a user's files."""
+    """Refuse to replace anything but a missing or empty directory or an export marked as ours: never a user's files.
+
+    Nor the working directory or one above it, whatever it holds: the process would delete where it stands.
+    """
     if not directory.exists():
         return
     if not directory.is_dir():
         raise UserError(f"{directory} is a file, not a directory: choose another --out")
-    if any(directory.iterdir()) and not (directory / "model.bin").is_file():
-        raise UserError(f"{directory} is not empty and holds no CTranslate2 model (model.bin): export into a new "
-                        f"or empty directory, or into an earlier export to replace it")
+    if any(directory.iterdir()) and not (directory / EXPORT_MARKER).is_file():
+        raise UserError(f"{directory} is not empty and holds no CTranslate2 model exported by nmt (no "
+                        f"{EXPORT_MARKER}): export into a new or empty directory, or into an earlier export to "
+                        f"replace it")
+    if Path.cwd().resolve().is_relative_to(directory.resolve()):
+        raise UserError(f"{directory} is the working directory or holds it: export into a new directory, e.g. "
+                        f"--out ct2-model")
+
+
+def export_info(directory: str | Path) -> dict:
+    """What an export's marker says (model, quantization, max_positions); {} for an export made before markers."""
+    path = Path(directory) / EXPORT_MARKER
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def load_engine(directory: str | Path, device: str = "cpu", threads: int = 0):
@@ -200,26 +221,42 @@ class Ct2Translator:
         stored = read_decoding(Path(directory))  # the export's settings; 4 and 0.6 for exports without them
         self.beam_size = beam_size or stored.get("beam_size", 4)
         self.alpha = stored.get("alpha", 0.6) if alpha is None else alpha
+        # The position table's size: CTranslate2 fails a whole batch on a longer sequence. None: an export made
+        # before the marker recorded it (too long then fails as CTranslate2's error).
+        self.max_positions: int | None = export_info(directory).get("max_positions")
+
+    def too_long(self, texts: Sequence[str]) -> list[int]:
+        """Indices of the texts whose source tokens do not fit the model's positions."""
+        limit = self.max_positions
+        return [i for i, row in enumerate(self.tokenizer.encode_src(list(texts))) if limit and len(row) > limit]
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
-                  max_len: int | None = None, batch_size: int = 64) -> list[str]:
-        """Translations of texts, in order.
+                  max_len: int | None = None, batch_size: int = 64, truncate: bool = False) -> list[str]:
+        """Translations of texts, in order; a source longer than the model's positions is a ValueError, or with
+        truncate translated from its first max_positions tokens.
 
-        Outputs are limited as in model.decoding (source length + 50 tokens, or max_len), so sources are
-        decoded in groups of one length. CTranslate2 normalises beam scores by length ** alpha, not by
-        the GNMT penalty of model.decoding: beam outputs can differ from Translator's, greedy ones match.
+        Outputs are limited as in model.decoding (source length + 50 tokens, or max_len, within the positions),
+        so sources are decoded in groups of one length. CTranslate2 normalises beam scores by length ** alpha,
+        not by the GNMT penalty of model.decoding: beam outputs can differ from Translator's, greedy ones match.
         """
-        tokenizer, src, tgt = self.tokenizer, self.tokenizer.src, self.tokenizer.tgt
+        tokenizer, src, tgt, limit = self.tokenizer, self.tokenizer.src, self.tokenizer.tgt, self.max_positions
         ids = tokenizer.encode_src(list(texts))
+        if limit:
+            longest = max((len(row) for row in ids), default=0)
+            if longest > limit and not truncate:
+                raise ValueError(f"a source of {longest} tokens is longer than the model's {limit} positions")
+            ids = [row[:limit] for row in ids]
         outputs: list[list[int]] = [[] for _ in ids]  # an empty source translates to nothing, as in translate_ids
         by_length = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
         pending = []  # every group is queued at once, so that the translators work on groups in parallel
         for length, group in itertools.groupby(by_length, key=lambda i: max_len or len(ids[i])):
             rows = list(group)
+            longest_output = length if max_len else length + MAX_LEN_OFFSET
             pending += zip(rows, self.engine.translate_batch(
                 [[src.id_to_piece(t) for t in ids[i]] for i in rows], max_batch_size=batch_size, asynchronous=True,
                 beam_size=beam_size or self.beam_size, length_penalty=self.alpha if alpha is None else alpha,
-                max_decoding_length=length if max_len else length + MAX_LEN_OFFSET,
+                # bos takes the decoder's first position: as model.decoding, outputs end at the last one.
+                max_decoding_length=min(longest_output, limit - 1) if limit else longest_output,
                 # As model.decoding: eos may come first (an empty translation), bos and pad never come.
                 min_decoding_length=0, suppress_sequences=[[tgt.id_to_piece(i)] for i in (BOS_ID, PAD_ID)]))
         for i, result in pending:

@@ -123,15 +123,26 @@ class Translator:
         decoding = write_decoding(directory, self.beam_size, self.alpha)
         return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, decoding, *self.tokenizer.save(directory)]
 
+    def too_long(self, texts: Sequence[str]) -> list[int]:
+        """Indices of the texts whose source tokens do not fit the model's positions."""
+        limit = self.model.cfg.max_positions
+        return [i for i, row in enumerate(self.tokenizer.encode_src(list(texts))) if len(row) > limit]
+
     def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len: int | None = None, batch_size: int = 64,
-                  on_progress: Callable[[int, int], None] | None = None) -> list[str]:
-        """Translations of texts, in order; on_progress(done, total) after each batch."""
+                  on_progress: Callable[[int, int], None] | None = None, truncate: bool = False) -> list[str]:
+        """Translations of texts, in order; on_progress(done, total) after each batch.
+
+        A source longer than the model's positions is a ValueError, or with truncate translated from its
+        first max_positions tokens.
+        """
         beam = beam_size or self.beam_size
         alpha = self.alpha if alpha is None else alpha
         out: list[str] = []
         for start in range(0, len(texts), batch_size):
             ids = self.tokenizer.encode_src(list(texts[start: start + batch_size]))
+            if truncate:
+                ids = [row[: self.model.cfg.max_positions] for row in ids]
             hyps = translate_ids(self.model, ids, beam_size=beam, alpha=alpha, max_len=max_len)
             out.extend(self.tokenizer.decode_tgt(hyps))
             if on_progress:
