@@ -19,10 +19,16 @@ SCRIPTS = ["model_step.py", "peer_hf.py", "batching.py", "prepare.py", "train_ov
            "scale.py", "prepare_files.py"]
 
 
+# Pass/fail flags some scripts print against the goals they were tuned towards: not measurements.
+LEFT_OUT = {"targets", "target_met"}
+
+
 def _flat(result: dict, prefix: str = "") -> list[tuple[str, object]]:
     """(dotted key, value) for every number or string, nested dicts included; lists are left out."""
     rows: list[tuple[str, object]] = []
     for key, value in result.items():
+        if key in LEFT_OUT:
+            continue
         if isinstance(value, dict):
             rows += _flat(value, f"{prefix}{key}.")
         elif not isinstance(value, list):
@@ -30,11 +36,38 @@ def _flat(result: dict, prefix: str = "") -> list[tuple[str, object]]:
     return rows
 
 
+def _this_machine() -> str:
+    """This machine in a few words (architecture, CPUs, memory), recorded with each result as `ran_on`."""
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):  # not every platform says
+        memory = ""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs{memory}, Python {platform.python_version()}"
+
+
+def _ran_on(result: dict) -> str:
+    """The machine a benchmark ran on, as far as its JSON records it (scripts record it in different keys)."""
+    if result.get("ran_on"):
+        return str(result["ran_on"])
+    parts = [str(result["device"])] if result.get("device") not in (None, "", "cpu") else []
+    machine = result.get("machine")
+    if isinstance(machine, dict):
+        machine = ", ".join(str(value) for value in machine.values())
+    if machine:
+        parts.append(str(machine))
+    elif result.get("cpu_count") or result.get("cpus"):
+        parts.append(f"{result.get('cpu_count') or result.get('cpus')} CPUs")
+    return "; ".join(parts) or "not recorded in its JSON"
+
+
 def _table(results: dict[str, dict]) -> str:
-    """One section per benchmark: every measure as a key | value row."""
-    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", ""]
+    """One section per benchmark, headed by where and when it ran: every measure as a key | value row."""
+    lines = ["# Benchmark results", "",
+             "Every figure of `benchmarks/results.json`, one section per script, written by `benchmarks/run_all.py`; "
+             "`docs/benchmarks.md` says how each was measured.", ""]
     for name, result in results.items():
-        lines += [f"### {name}", "", "| measure | value |", "|---|---|"]
+        lines += [f"### {name}", "", f"Run {result.get('date', 'on a date not recorded')}, on: {_ran_on(result)}", "",
+                  "| measure | value |", "|---|---|"]
         lines += [f"| {key} | {value} |" for key, value in _flat(result)]
         lines.append("")
     return "\n".join(lines)
@@ -53,7 +86,7 @@ def main() -> int:
     """Run the scripts one after another (they would disturb each other's timings in parallel).
 
     With script names, only those run. Each script's entry replaces its earlier one in results.json
-    (dated, so a script that failed keeps its last figures under their own date).
+    (dated and with the machine it ran on, so a script that failed keeps its last figures under their own).
     """
     if sys.argv[1:] == ["--table"]:  # only rewrite results.md and the docs' table from results.json
         _write(json.loads((HERE / "results.json").read_text()))
@@ -69,7 +102,8 @@ def main() -> int:
             failed.append(script)
             print(proc.stderr[-2000:], file=sys.stderr)
             continue
-        results[script.removesuffix(".py")] = {**json.loads(lines[-1]), "date": datetime.date.today().isoformat()}
+        results[script.removesuffix(".py")] = {**json.loads(lines[-1]), "date": datetime.date.today().isoformat(),
+                                               "ran_on": _this_machine()}
         print(f"[bench] {script} done in {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     _write(results)
     print(_table(results))

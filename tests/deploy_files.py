@@ -79,12 +79,15 @@ def container_env(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
+GUIDES = [KUBERAY / "README.md", DEPLOY / "aws" / "README.md"]  # one per platform, each with its prerequisites
+
+
 def prerequisites() -> list[dict]:
-    """The table of deploy/README.md's "What must exist before you apply": kind, name, namespace, keys."""
-    text = (DEPLOY / "README.md").read_text()
-    section = text.split("## What must exist before you apply", 1)[1].split("\n## ", 1)[0]
+    """The tables of the platform guides' "What must exist before you apply": kind, name, namespace, keys."""
+    sections = [guide.read_text().split("## What must exist before you apply", 1)[1].split("\n## ", 1)[0]
+                for guide in GUIDES]
     rows = []
-    for line in section.splitlines():
+    for line in "\n".join(sections).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 5 or cells[0] in ("kind", "") or set(cells[0]) <= {"-"}:
             continue
@@ -92,7 +95,7 @@ def prerequisites() -> list[dict]:
         rows.append({"kind": cells[0], "name": name.group(1) if name else cells[1],
                      "namespace": "" if cells[2] in ("", "current") else cells[2].strip("`"),
                      "keys": set(re.findall(r"`([^`]+)`", cells[3]))})
-    assert rows, "deploy/README.md has no prerequisites table"
+    assert rows, "the platform guides have no prerequisites table"
     return rows
 
 

@@ -4,7 +4,7 @@
 - no file holds a credential: secret-looking variables come from Secrets, URLs carry no user:password@;
 - versions agree: Ray (image, rayVersion, installed), CUDA (image tag, torch index), torch (Makefile),
   MLflow (server image, installed client); images are pinned, the project's to its version;
-- deploy/README.md's `nmt` commands parse and the files it names exist.
+- the `nmt` commands of deploy/'s guides parse and the files they name exist.
 
 The rest is by file: test_deploy_kuberay.py (Kubernetes and KubeRay), test_deploy_kuberay_security.py
 (their lock-down), test_deploy_mlflow.py (the MLflow server), test_deploy_aws.py (the cluster launcher);
@@ -40,7 +40,10 @@ def test_every_file_parses_and_is_known():
     assert files == {
         "README.md", "Dockerfile", "cluster-aws.yaml", "serve_config.yaml", "aws/ec2-trust-policy.json",
         "aws/ray-head-policy.json", "aws/ray-worker-policy.json", "kuberay/mlflow.yaml", "kuberay/storage.yaml",
-        "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml"}, "a new file here needs tests"
+        "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml",
+        # the guides and the AWS MLflow server's files: tests/test_guide.py
+        "kuberay/README.md", "aws/README.md", "aws/mlflow-server.sh", "aws/mlflow-server-policy.json",
+    }, "a new file here needs tests"
     for path in DEPLOY.rglob("*.y*ml"):
         for doc in docs(path):
             assert isinstance(doc, dict), path
@@ -123,7 +126,7 @@ def test_images_are_pinned_and_the_same_everywhere():
 def test_readme_commands_parse_and_its_paths_exist():
     from pipeline.parser import build_parser
 
-    text = (DEPLOY / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in sorted(DEPLOY.rglob("*.md")))  # the index and the platform guides
     blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
     lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.startswith("nmt ")]
     assert len(lines) >= 5
@@ -136,9 +139,9 @@ def test_readme_commands_parse_and_its_paths_exist():
             try:
                 build_parser().parse_args(command)
             except SystemExit:
-                pytest.fail(f"deploy/README.md: `nmt {shlex.join(command)}` does not parse")
+                pytest.fail(f"deploy/'s guides: `nmt {shlex.join(command)}` does not parse")
     paths = {p.rstrip(".,:;") for p in re.findall(r"deploy/[^\s`'\"()]+", text) if "$" not in p}
     # Files (a name with an extension, Dockerfile, a glob) or folders; not kubectl's deploy/NAME.
     paths = {p for p in paths if re.search(r"[.*][^/]*$|/Dockerfile$|/$", p)}
     missing = sorted(p for p in paths if not (any(ROOT.glob(p)) if "*" in p else (ROOT / p).exists()))
-    assert not missing, f"deploy/README.md names files that do not exist: {missing}"
+    assert not missing, f"deploy/'s guides name files that do not exist: {missing}"

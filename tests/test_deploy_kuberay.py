@@ -6,7 +6,7 @@
 - RayCluster, RayJob and RayService against KubeRay's own CRD schemas (tests/data/kuberay/, KubeRay
   v1.7.0, strict like `kubectl apply`), plus the operator's admission checks that apply to them;
 - every image, Secret (and key), claim, ConfigMap, ServiceAccount, namespace and storage class a file
-  names is made by a file here or listed as a prerequisite in deploy/README.md (so are cluster-aws.yaml's
+  names is made by a file here or listed as a prerequisite in its platform guide (so are cluster-aws.yaml's
   image, instance profiles and SSM parameters), and each file's header creates and applies what the file
   needs before the file itself;
 - the Ray pods: MLflow's address and login (from a Secret), /dev/shm, GPUs and tolerations; the
@@ -55,7 +55,7 @@ from deploy_files import (
 from small import ROOT
 
 CRD_SCHEMAS = ROOT / "tests" / "data" / "kuberay"
-KUBERAY_VERSION = "1.7.0"  # of the CRD schemas there and of the operator deploy/README.md installs
+KUBERAY_VERSION = "1.7.0"  # of the CRD schemas there and of the operator deploy/kuberay/README.md installs
 IMAGE_ROOT = "/home/ray/nmt"  # where deploy/Dockerfile puts the project
 # The oldest Kubernetes these files use nothing newer than, and the newest schemas kubernetes-validate ships.
 KUBERNETES_VERSIONS = ("1.30", kv.latest_version())
@@ -108,7 +108,7 @@ CRD_VALIDATOR = jsonschema.validators.extend(jsonschema.Draft4Validator, {"x-kub
 
 def test_kuberay_objects_match_kuberays_crd_schemas():
     assert f"release tag `v{KUBERAY_VERSION}`" in (CRD_SCHEMAS / "README.md").read_text(), "schemas of another release"
-    assert f"kuberay/kuberay-operator --version {KUBERAY_VERSION}" in (DEPLOY / "README.md").read_text()
+    assert f"kuberay/kuberay-operator --version {KUBERAY_VERSION}" in (KUBERAY / "README.md").read_text()
     for where, doc, _ in ray_clusters():
         schema = json.loads((CRD_SCHEMAS / f"ray.io_{RAY_KINDS[doc['kind']]}.v1.json").read_text())
         errors = sorted(CRD_VALIDATOR(_strict(schema)).iter_errors(doc), key=lambda e: list(e.path))
@@ -164,7 +164,7 @@ def test_every_name_a_file_uses_is_defined_here_or_a_listed_prerequisite():
     for kind, name in aws:
         if not any(r["kind"] == kind and r["name"] == name for r in listed):
             missing.append(f"cluster-aws.yaml: {kind} {name!r}")
-    assert not missing, "named but neither in deploy/ nor in deploy/README.md's prerequisites:\n" + "\n".join(missing)
+    assert not missing, "named but neither in deploy/ nor in the guides' prerequisites:\n" + "\n".join(missing)
 
 
 def _available_before(path: Path, seen: frozenset = frozenset()) -> set[tuple[str, str, str]]:
@@ -198,7 +198,7 @@ def test_each_header_makes_what_its_file_needs_before_applying_it():
                 if kind in ("Image", "StorageClass") or optional or (kind, ns, name) in own:
                     continue
                 assert (kind, ns, name) in available, f"{path.name}: {kind} {name} is not made before the file"
-    readme = (DEPLOY / "README.md").read_text().replace("\\\n", " ")
+    readme = (KUBERAY / "README.md").read_text().replace("\\\n", " ")
     texts = [(p.name, header(p)) for p in sorted(KUBERAY.glob("*.yaml"))] + [("README", readme)]
     for where, text in texts:
         for verb, ns, name, keys in steps(text):

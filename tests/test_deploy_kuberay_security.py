@@ -32,7 +32,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where a
 
 def test_each_ray_cluster_has_a_token_secret_of_its_own():
     """A job holds its own cluster's token only: it cannot submit to another cluster or redeploy the service."""
-    readme = steps((DEPLOY / "README.md").read_text().replace("\\\n", " "))
+    readme = steps((DEPLOY / "kuberay" / "README.md").read_text().replace("\\\n", " "))
     secrets = {}
     for path, doc in objects():
         if doc["kind"] not in RAY_KINDS:
@@ -41,12 +41,12 @@ def test_each_ray_cluster_has_a_token_secret_of_its_own():
         secret = auth["secretName"]
         assert auth["mode"] == "token" and secret == f"{doc['metadata']['name']}-ray-token", path.name
         secrets[path.name] = secret
-        # The header, and deploy/README.md before applying the file, make this token and no other cluster's.
+        # The header, and deploy/kuberay/README.md before applying the file, make this token and no other cluster's.
         made = {arg for verb, _, arg, _ in steps(header(path)) if verb == "create secret generic"}
         assert {s for s in made if s.endswith("-ray-token")} == {secret}, path.name
         applied = readme.index(("apply -f", "", f"deploy/kuberay/{path.name}", set()))
         tokens = [arg for verb, _, arg, _ in readme[:applied] if verb == "create secret generic" and "ray-token" in arg]
-        assert tokens and tokens[-1] == secret, f"deploy/README.md applies {path.name} after making {tokens}"
+        assert tokens and tokens[-1] == secret, f"deploy/kuberay/README.md applies {path.name} after making {tokens}"
     assert len(set(secrets.values())) == len(secrets) == 3, secrets
 
 
