@@ -29,14 +29,15 @@ HEADLINES = [
      "cached: {model_step[decode][base][sentences_per_s_cached]:.1f}",
      "uncached: {model_step[decode][base][sentences_per_s_uncached]:.1f}",
      "{model_step[decode][base][cache_speedup]:.1f}x"),
-    ("gpu_check", "training step on one H200, base preset, bf16, target tokens/s (MFU)",
-     "{gpu_check[base_bf16_eager][train_tokens_per_s]:,.0f} ({gpu_check[base_bf16_eager][mfu]:.1%}); "
-     "compiled: {gpu_check[base_bf16_compiled][train_tokens_per_s]:,.0f} ({gpu_check[base_bf16_compiled][mfu]:.1%})",
+    ("gpu_check", "training step on one H200 (torch {gpu_check[torch]}), base preset, bf16, target tokens/s (MFU)",
+     "{gpu_check[base_bf16_eager][train_tokens_per_s]:,.0f} ({gpu_check[base_bf16_eager][mfu]:.1%}); compiled, "
+     "in a second call: {gpu_check[base_bf16_compiled][train_tokens_per_s]:,.0f} "
+     "({gpu_check[base_bf16_compiled][mfu]:.1%})",
      "`nn.Transformer` of the same size: {gpu_check[base_bf16_eager][nn_transformer_tokens_per_s]:,.0f}; "
      "compiled: {gpu_check[base_bf16_compiled][nn_transformer_tokens_per_s]:,.0f}",
      "{gpu_check[base_bf16_eager][train_speed_ratio]:.2f}x; "
      "compiled {gpu_check[base_bf16_compiled][train_speed_ratio]:.2f}x"),
-    ("gpu_check", "training step on one H200, big preset, bf16, target tokens/s (MFU)",
+    ("gpu_check", "training step on one H200 (torch {gpu_check[torch]}), big preset, bf16, target tokens/s (MFU)",
      "{gpu_check[big_bf16_eager][train_tokens_per_s]:,.0f} ({gpu_check[big_bf16_eager][mfu]:.1%})",
      "`nn.Transformer` of the same size: {gpu_check[big_bf16_eager][nn_transformer_tokens_per_s]:,.0f}",
      "{gpu_check[big_bf16_eager][train_speed_ratio]:.2f}x"),
@@ -100,7 +101,8 @@ def headline_markdown(results: dict) -> str:
         if script in results:
             day = results[script].get("date", "date not recorded")
             figures = " | ".join(cell.format(**results) for cell in cells)
-            lines.append(f"| `{SCRIPT_FILES.get(script, script + '.py')}` ({day}) | {measure} | {figures} |")
+            what = measure.format(**results)
+            lines.append(f"| `{SCRIPT_FILES.get(script, script + '.py')}` ({day}) | {what} | {figures} |")
     return "\n".join(lines)
 
 
