@@ -186,7 +186,7 @@ def test_guide_submit_example_is_accepted_for_a_cluster_that_shares_no_files(exa
         monkeypatch.setenv(name, value)
     forward = [n for n in args.forward_env.split(",") if n]
     try:
-        submit.plan(args.job, submit.cluster_address(args.address), pip=args.pip, forward_env=forward,
+        job = submit.plan(args.job, submit.cluster_address(args.address), pip=args.pip, forward_env=forward,
                           remote=True)
     except UserError as err:
         pytest.fail(f"{where}: `nmt submit {shlex.join(words)}` is refused: {err}")
@@ -200,6 +200,9 @@ def test_guide_submit_example_is_accepted_for_a_cluster_that_shares_no_files(exa
     if command in LOGS_TO_MLFLOW:
         login = {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(env) or "MLFLOW_TRACKING_TOKEN" in env
         assert login, f"{where}: `nmt {command}` logs to MLflow, but the route exports no MLflow login before it"
+        # The guides say the job runs under the submitter's login: nmt submit forwards it, apart from the command.
+        assert set(job.secrets) & {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_TOKEN"}, \
+            f"{where}: nmt submit does not forward the route's MLflow login to the job"
 
 
 def test_guide_route_reader_catches_what_breaks_an_example(tmp_path, monkeypatch):
