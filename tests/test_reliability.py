@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+import contextlib
 import subprocess
 import sys
 import threading
@@ -20,116 +20,184 @@ from pipeline.train.driver import train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-class SwitchableProxy:
-    """A TCP proxy in front of the MLflow server; switched down, it cuts and refuses connections like an outage."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.up = True
-        self.refused = 0
-        self.open: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def set_up(self, up: bool) -> None:
-        self.up = up
-        if not up:
-            with self.lock:
-                for sock in self.open:
-                    sock.close()  # live keep-alive connections die with the outage too
-                self.open.clear()
-
-    def close(self) -> None:
-        self.listener.close()
-        self.set_up(False)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.up:
-                self.refused += 1
-                client.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            with self.lock:
-                self.open.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.close()
-                except OSError:
-                    pass
-
-
 def ray_session_logs(ray) -> Path:
     """The log folder of the tests' Ray instance (/tmp/ray/session_latest may be another Ray's, started since)."""
     return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
 
 
-def test_training_goes_on_while_mlflow_is_unreachable_and_logs_the_gap_afterwards(ray_session, mlflow_auth_server,
-                                                                                     tmp_path, capfd):
-    """Against a server with logins, the password in the tracking URI only: MLflow's errors during the outage
-    name the URI, and the password shows in none of them, nor in any file, param, tag or artifact."""
-    proxy = SwitchableProxy(int(mlflow_auth_server.uri.rsplit(":", 1)[1]))
-    password = mlflow_auth_server.password
-    uri = f"http://127.0.0.1:{proxy.port}"
-    cfg = small_config(tmp_path, "train.max_steps=200", "train.epochs=100", "train.val_interval=50",
-                       "train.log_every=5", "train.average_last=1", "tracking.register=false",
-                       "tracking.experiment=outage", tracking_uri=uri.replace("http://", f"http://trainer:{password}@"))
-    # The test itself reads past the proxy, with the login in its own client's URI.
-    client = MlflowClient(mlflow_auth_server.uri.replace("http://", f"http://trainer:{password}@"))
-    outage: dict[str, float] = {}
+@pytest.fixture
+def restarting_server(postgres, tmp_path):
+    """An MLflow server with logins on PostgreSQL of this test's own, which the test stops and starts again.
 
-    def cut_mlflow_for_a_while() -> None:
+    The store lives in PostgreSQL, so a restarted server has every run and metric logged before.
+    """
+    import secrets
+
+    from mlflow_users import create_user
+    from servers import MlflowServer
+
+    name = f"restart_{tmp_path.name[-12:].lower().replace('-', '_')}"
+    server = MlflowServer(tmp_path / "mlflow", postgres.database(name), auth=True,
+                          auth_backend=postgres.database(f"{name}_auth"))
+    server.password = secrets.token_urlsafe(16)
+    with server:
+        with server.admin():
+            create_user(server.uri, "trainer", server.password)
+        yield server
+
+
+def restart(server, down_s: float, stopped: dict) -> None:
+    """Stop the server (every connection refused), and start it again on its port down_s seconds later."""
+    server.stop()
+    stopped["at"] = time.monotonic()
+    time.sleep(down_s)
+    server.start()
+    stopped["back"] = time.monotonic()
+
+
+def test_training_goes_on_while_its_tracking_server_restarts_and_every_metric_arrives_in_order(
+        ray_session, restarting_server, tmp_path, capfd):
+    """The server is stopped mid-run and started again: training goes on, the metrics wait and arrive with
+    their own steps and times, the run ends FINISHED. The password, in the tracking URI only, shows in none
+    of MLflow's errors during the outage, nor in any file, param, tag or artifact."""
+    server, password = restarting_server, restarting_server.password
+    cfg = small_config(tmp_path, "train.max_steps=200", "train.epochs=100", "train.val_interval=50",
+                       "train.log_every=5", "train.report_interval_s=1", "train.average_last=1",
+                       "tracking.register=false", "tracking.experiment=outage",
+                       tracking_uri=server.uri.replace("http://", f"http://trainer:{password}@"))
+    client = MlflowClient(server.uri.replace("http://", f"http://trainer:{password}@"))  # the test's own login
+    stopped: dict[str, float] = {}
+
+    def restart_mid_run() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            experiment = client.get_experiment_by_name("outage")
-            runs = client.search_runs([experiment.experiment_id]) if experiment else []
-            if runs and any(m.step >= 10 for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
-                break
+            with contextlib.suppress(Exception):
+                experiment = client.get_experiment_by_name("outage")
+                runs = client.search_runs([experiment.experiment_id]) if experiment else []
+                if runs and any(m.step >= 10 for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
+                    break
             time.sleep(0.5)
-        proxy.set_up(False)
-        outage["start"] = time.monotonic()
-        time.sleep(15)
-        proxy.set_up(True)
-        outage["end"] = time.monotonic()
+        restart(server, 15, stopped)
 
-    cutter = threading.Thread(target=cut_mlflow_for_a_while, daemon=True)
-    cutter.start()
+    restarter = threading.Thread(target=restart_mid_run, daemon=True)
+    restarter.start()
     try:  # no login in the environment: the driver takes it from the URI and gives it to Ray Train's controller
         with environment(MLFLOW_TRACKING_USERNAME=None, MLFLOW_TRACKING_PASSWORD=None, MLFLOW_TRACKING_TOKEN=None):
             outcome = train(cfg)
     finally:
-        cutter.join(timeout=60)
-        proxy.close()
+        restarter.join(timeout=120)
     out, err = capfd.readouterr()
-    assert outage.get("end") and proxy.refused > 0, "the outage never hit the run"
-    assert "cannot log metrics to " + uri in err and "answers again" in err, err[-3000:]
+    assert stopped.get("back"), "the server was never restarted"
+    assert "cannot log metrics to " + server.uri in err and "answers again" in err, err[-3000:]
     run = client.get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
-    # Nothing is missing: every progress report reached MLflow, the delayed ones after the outage.
-    steps = sorted({m.step for m in client.get_metric_history(outcome.run_id, "train_loss")})
-    assert steps == list(range(5, 201, 5)), steps
+    # Nothing is missing, and each value kept the time it was measured at, so the history reads in order.
+    history = sorted(client.get_metric_history(outcome.run_id, "train_loss"), key=lambda m: m.step)
+    assert [m.step for m in history] == list(range(5, 201, 5)), [m.step for m in history]
+    assert [m.timestamp for m in history] == sorted(m.timestamp for m in history)
     assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "val_bleu"))[-1] == 200
     artifacts = client.download_artifacts(outcome.run_id, "", str(tmp_path / "artifacts"))
     texts = {"stdout": out, "stderr": err, "params": repr(run.data.params), "tags": repr(run.data.tags)}
     found = leaks([password], texts, [artifacts, outcome.storage_path, ray_session_logs(ray_session)])
     assert not found, found
+
+
+def test_a_run_ending_while_its_server_restarts_is_finished_and_its_last_metrics_arrive(restarting_server, caplog):
+    """The last report and the run's end meet a stopped server: both are retried until it is back."""
+    import logging
+
+    from pipeline.track import reports, tracking
+
+    server = restarting_server
+    with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=server.password,
+                     MLFLOW_TRACKING_TOKEN=None, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+                     MLFLOW_HTTP_REQUEST_TIMEOUT="5"):
+        client = MlflowClient(server.uri)
+        with caplog.at_level(logging.WARNING, logger="pipeline"):
+            with tracking.mlflow_run(server.uri, "ends", "run-a", {}, {}) as run:
+                logger = reports.MetricLogger(run)
+                stopped: dict[str, float] = {}
+                restarter = threading.Thread(target=restart, args=(server, 10, stopped), daemon=True)
+                restarter.start()
+                while "at" not in stopped:
+                    time.sleep(0.1)
+                logger.log({"step": 1, "time": time.time(), "train_loss": 2.0})  # kept: the server is down
+                assert len(logger.pending) == 1 and logger.backoff_s >= 1.0
+                logger.log({"step": 2, "time": time.time(), "train_loss": 1.0, "final": True})  # waits for it
+                assert not logger.pending and stopped.get("back")
+                restarter.join(timeout=60)
+                run.end_tags["note"] = "ended"
+                stopped.clear()  # down again as the run ends: the end waits for it too
+                restarter = threading.Thread(target=restart, args=(server, 10, stopped), daemon=True)
+                restarter.start()
+                while "at" not in stopped:
+                    time.sleep(0.1)
+            assert stopped.get("back")
+            restarter.join(timeout=60)
+        found = client.get_run(run.id)
+        assert found.info.status == "FINISHED" and found.data.tags["note"] == "ended"
+        assert [(m.step, m.value) for m in sorted(client.get_metric_history(run.id, "train_loss"),
+                                                   key=lambda m: m.step)] == [(1, 2.0), (2, 1.0)]
+    assert "answers again" in caplog.text
+
+
+def test_a_server_that_refuses_under_load_gets_the_metrics_later_with_a_growing_backoff(restarting_server):
+    """HTTP 503 (as MLflow answers when its database pool is exhausted): the logger keeps the values, waits
+    longer after each refusal, and sends them in order once the server takes them."""
+    import http.server
+    import urllib.request
+
+    from pipeline.track import reports, tracking
+
+    server, refusing = restarting_server, {"on": True}
+
+    class Gate(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if refusing["on"]:
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"error_code": "TEMPORARILY_UNAVAILABLE", "message": "pool exhausted"}')
+                return
+            request = urllib.request.Request(server.uri + self.path, data=body or None, method=self.command,
+                                             headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                self.send_response(answer.status)
+                payload = answer.read()
+                self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    gate = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{gate.server_address[1]}"
+    try:
+        with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=server.password,
+                         MLFLOW_TRACKING_TOKEN=None, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0"):
+            client = MlflowClient(server.uri)
+            run_id = client.create_run(client.create_experiment("refused")).info.run_id
+            logger = reports.MetricLogger(tracking.Run(uri, run_id))
+            backoffs = []
+            for step in range(1, 4):
+                logger.next_try = 0.0  # as if the backoff had passed: each report tries, and is refused
+                logger.log({"step": step, "time": 1_700_000_000.0 + step, "train_loss": 10.0 - step})
+                backoffs.append(logger.backoff_s)
+            assert len(logger.pending) == 3 and backoffs == [1.0, 2.0, 4.0]
+            logger.log({"step": 4, "time": 1_700_000_004.0, "train_loss": 6.0})  # inside the backoff: not tried
+            assert len(logger.pending) == 4
+            refusing["on"] = False
+            logger.log({"step": 5, "time": 1_700_000_005.0, "train_loss": 5.0, "final": True})
+            history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.timestamp)
+            assert [(m.step, m.value) for m in history] == [(s, 10.0 - s) for s in range(1, 6)]
+    finally:
+        gate.shutdown()
 
 
 def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path):
