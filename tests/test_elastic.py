@@ -8,11 +8,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.config import ConfigError, load_config
+from pipeline.text.tokenizer import PAD_ID
 from pipeline.track import reports, tracking
 from pipeline.train import elastic
+from pipeline.train.epoch_plan import NO_EXAMPLES, EpochData, pack
+from pipeline.train.loop import Progress
+from pipeline.train.prefetch import BatchPrefetcher
+from pipeline.train.shard import TokenShard
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -47,11 +53,91 @@ def test_elastic_config_limits_are_checked_with_the_key_named():
     assert not load_config(None, ["train.num_workers=4"]).train.elastic
 
 
-def test_elastic_resume_continues_from_the_same_share_of_the_epoch():
-    assert elastic.rescaled_position(30, 60, 60) == 30  # same size: exact
-    assert elastic.rescaled_position(30, 60, 120) == 60  # half the workers: twice the batches each
-    assert elastic.rescaled_position(59, 60, 30) == 30  # never past the end
-    assert elastic.rescaled_position(7, 0, 50) == 7  # saved before the count was recorded
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """A training split of 2,000 pairs in three Parquet files, its corpus rows with gaps (as cleaning leaves them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory = tmp_path_factory.mktemp("split")
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(5000, 2000, replace=False))
+    ids = pa.list_(pa.int32())
+    for part, chunk in enumerate(np.array_split(rng.permutation(rows), 3)):
+        lengths = rng.integers(1, 30, (chunk.size, 2))
+        pq.write_table(pa.table({"row": pa.array(chunk, pa.int64()),
+                                 "src_ids": pa.array([list(range(4, 4 + a)) for a, _ in lengths], ids),
+                                 "tgt_ids": pa.array([list(range(4, 4 + b)) for _, b in lengths], ids)}),
+                       directory / f"part-{part}.parquet")
+    return str(directory), rows
+
+
+def _segment(split_dir, progress, workers, steps):
+    """`workers` ranks (threads, with the collectives between them) resume from a checkpoint's progress and take
+    `steps` batches each (None: to the epoch's end); (the rows each consumed, the new checkpoint's progress)."""
+    import copy
+    import threading
+
+    slots, barrier, out = [None] * workers, threading.Barrier(workers), [None] * workers
+
+    def gather(rank, value):
+        slots[rank] = value
+        barrier.wait()
+        found = list(slots)
+        barrier.wait()
+        return found
+
+    def rank_run(rank):
+        mine = copy.deepcopy(progress)
+        data = EpochData(split_dir, rank, workers, 600, seed=0, gather=lambda v: gather(rank, v),
+                         largest=lambda n: max(gather(rank, n)))
+        batches = data.begin(mine)
+        start = mine.batch_in_epoch
+        end = len(batches) if steps is None else min(len(batches), start + steps)
+        consumed = [data.shard.rows[index] for index in batches[start:end]]
+        mine.batch_in_epoch = end
+        mine.seen = data.seen(mine)
+        out[rank] = (consumed, mine, batches)
+
+    threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(o is not None for o in out)
+    assert len({len(o[2]) for o in out}) == 1  # the same number of steps on every rank
+    return [row for o in out for part in o[0] for row in part], out[0][1]
+
+
+def test_resize_4_3_4_in_one_epoch_sees_every_example_exactly_once(split):
+    split_dir, rows = split
+    seen, progress = [], Progress()
+    for workers, steps in ((4, 7), (3, 5), (4, None)):  # a resize mid-epoch, then another
+        consumed, progress = _segment(split_dir, progress, workers, steps)
+        assert consumed, workers
+        seen += consumed
+    assert len(seen) == rows.size and np.array_equal(np.sort(seen), rows)  # none twice, none skipped
+
+
+def test_resize_restart_at_the_same_size_takes_the_same_batches_from_the_same_position(split):
+    split_dir, _ = split
+    _, after_resize = _segment(split_dir, Progress(), 4, 6)
+    straight, _ = _segment(split_dir, after_resize, 3, 8)  # 3 workers for 8 batches
+    first, checkpoint = _segment(split_dir, after_resize, 3, 3)  # the same, stopped after 3 and restarted
+    rest, _ = _segment(split_dir, checkpoint, 3, 5)
+    assert np.array_equal(np.sort(np.concatenate([first, rest])), np.sort(straight))
+    assert checkpoint.segment_workers == 3 and checkpoint.batch_in_epoch == 3
+
+
+def test_resize_near_an_epochs_end_gives_ranks_without_examples_empty_steps(split):
+    split_dir, rows = split
+    # Two examples left when four workers take over: two ranks have none and make steps without examples.
+    seen = np.zeros(int(rows[-1]) + 1, bool)
+    seen[rows[:-2]] = True
+    rest, _ = _segment(split_dir, Progress(seen=pack(seen), segment_workers=2, batch_in_epoch=1), 4, None)
+    assert np.array_equal(np.sort(rest), rows[-2:])
+    src, tgt_in, tgt_out = next(iter(BatchPrefetcher(TokenShard.from_lists([[5]], [[6]]), [NO_EXAMPLES])))
+    assert (tgt_out == PAD_ID).all() and src.numel() == 1  # no target token: no loss, no gradient
 
 
 def test_elastic_restart_causes_are_read_from_the_checkpoint():
@@ -221,3 +307,82 @@ def test_tokens_per_update_counts_the_updates_of_a_line_that_spans_an_epoch_end(
     assert len(values) >= 5 and len(epochs) >= 2  # several lines, some across an epoch's end
     assert all(0 < value <= cfg.train.target_tokens() for value in values), values
     assert max(values) < 1.5 * statistics.median(values), values  # counted over fewer updates, one would stand out
+
+
+def _noticed_run(tmp_path, monkeypatch, notice_from: int, restart, *settings):
+    """The small loop on a plain process whose context announces a drain from its `notice_from`-th question on
+    (and keeps it up: a drain that never completes); (context, calls of wait_for_restart)."""
+    from ray.train import PreemptionInfo
+    from small import small_config
+
+    from pipeline.data.prepare import prepare
+    from pipeline.train.loop import train_loop
+    from pipeline.train.workers import TorchrunContext
+
+    deadline_ms = int((time.time() + 20) * 1000)
+
+    class NoticeFrom(TorchrunContext):
+        def __init__(self, root):
+            super().__init__(str(root))
+            self.asked, self.reports = 0, []
+
+        def preemption_notice(self):
+            self.asked += 1
+            return PreemptionInfo(deadline_ms=deadline_ms, preempted_node_to_ranks={"n1": [0]}) \
+                if self.asked >= notice_from else None
+
+        def report(self, metrics, checkpoint_dir=None):
+            super().report(metrics, checkpoint_dir)
+            self.reports.append((metrics, checkpoint_dir is not None, self.asked))
+
+    holds = []
+
+    def held(deadline, noticed_at):
+        holds.append(deadline)
+        restart()
+
+    monkeypatch.setattr(elastic, "wait_for_restart", held)
+    cfg = small_config(tmp_path, "train.log_every=2", "train.preemption_check_s=0.001", *settings)
+    ctx = NoticeFrom(tmp_path / "ckpt")
+    loop_config = {"config": cfg.to_dict(), "data_path": prepare(cfg.data).path}
+    try:
+        train_loop(loop_config, ctx)
+    except Reclaimed:
+        pass
+    return ctx, holds, loop_config
+
+
+def test_resize_notice_during_validation_checkpoints_at_once_and_the_restart_validates_first(
+        tmp_path, monkeypatch):
+    from pipeline.common import checkpoint
+    from pipeline.train import validate
+    from pipeline.train.loop import train_loop
+    from pipeline.train.workers import TorchrunContext
+
+    monkeypatch.setattr(validate, "DECODE_CHUNK", 10)  # 100 validation sentences: 10 questions while decoding
+
+    def reclaimed():
+        raise Reclaimed
+
+    # Updates 1..4 ask 4 times; the validation at update 4 asks after each chunk: the 7th question is inside it.
+    ctx, holds, loop_config = _noticed_run(tmp_path, monkeypatch, 7, reclaimed, "train.max_steps=12",
+                                           "train.val_interval=4")
+    (last, with_checkpoint, asked), = ctx.reports[-1:]
+    assert with_checkpoint and math.isnan(last["val_bleu"]) and last["step"] == 4 and asked == 7 and holds
+    assert not any("val_loss" in metrics for metrics, _, _ in ctx.reports)  # the validation was left
+    (saved,) = sorted((tmp_path / "ckpt").glob("checkpoint_*"))
+    assert checkpoint.load(saved)["progress"]["validate_first"]
+    restarted = TorchrunContext(str(tmp_path / "ckpt"))
+    reports = []
+    restarted.report = lambda metrics, checkpoint_dir=None: reports.append(metrics)
+    train_loop(loop_config, restarted)
+    first = next(metrics for metrics in reports if "val_bleu" in metrics)
+    assert first["step"] == 4 and math.isfinite(first["val_bleu"])  # the validation of step 4, first
+
+
+def test_resize_drain_that_never_completes_holds_the_run_once(tmp_path, monkeypatch):
+    ctx, holds, _ = _noticed_run(tmp_path, monkeypatch, 3, lambda: None, "train.max_steps=16",
+                                 "train.val_interval=4")
+    preemption_checkpoints = [m for m, saved, _ in ctx.reports if saved and math.isnan(m.get("val_bleu", 0))]
+    assert len(holds) == 1 and len(preemption_checkpoints) == 1
+    assert max(m["step"] for m, _, _ in ctx.reports) == 16  # then it trained on to the end, validating as due

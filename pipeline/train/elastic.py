@@ -1,5 +1,5 @@
-"""A run whose worker count changes: the batch an update averages, where an epoch resumes, why a run restarted,
-and when the ranks ask Ray Train whether a node is about to be preempted.
+"""A run whose worker count changes: the batch an update averages, why a run restarted, and when the ranks ask
+Ray Train whether a node is about to be preempted (where an epoch resumes: epoch_plan).
 
 The optimisation must not notice a resize: an update averages about `train.target_tokens()` padded
 tokens whatever the worker count, so each restart recomputes the micro-batches per update; the
@@ -20,13 +20,6 @@ UNKNOWN_DEADLINE_S = 120.0  # Ray Train's own wait when a drain names no deadlin
 def accumulation(target_tokens: int, max_tokens: int, world_size: int) -> int:
     """Micro-batches per update on each worker so that world_size workers together average target_tokens."""
     return max(1, round(target_tokens / (max_tokens * max(world_size, 1))))
-
-
-def rescaled_position(position: int, batches_before: int, batches_now: int) -> int:
-    """Where an epoch resumes on another worker count: the same share of it (its order on each rank differs)."""
-    if not batches_before or batches_before == batches_now:
-        return position
-    return min(batches_now, round(position * batches_now / batches_before))
 
 
 def restart_cause(saved: dict, world_size: int, attempt: str) -> str:
@@ -58,6 +51,11 @@ class NoticeCadence:
         """Re-derive the interval from `steps` updates taking `seconds` (the same figures on every rank)."""
         if steps > 0 and seconds > 0:
             self.every = max(1, int(self.check_s * steps / seconds))
+
+
+def notice_key(notice) -> tuple:
+    """What tells one preemption notice from another: its deadline and the ranks it names."""
+    return notice.deadline_ms, tuple(sorted(notice.preempted_ranks))
 
 
 def seconds_left(deadline_ms: int | None, noticed_at: float) -> float:

@@ -26,15 +26,14 @@ from ..common.errors import UserError
 from ..common.node_metrics import NodeSampler
 from ..config import Config, config_from_dict
 from ..data.manifest import load_manifest
-from ..text.metrics import score
-from ..text.translator import translate_ids
 from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from . import elastic, parent
-from .batching import equalize_batch_count, token_budget_batches
+from .epoch_plan import EpochData, nothing
 from .prefetch import Batch, BatchPrefetcher
 from .progress_window import HeldReports, Window
 from .schedule import Due, Schedule
 from .shard import COLUMNS, TokenShard
+from .validate import Preempted, validate
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
 logger = log.get("train")
@@ -46,14 +45,17 @@ class Progress:
 
     step: int = 0  # optimizer updates done
     epoch: int = 0
-    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    batch_in_epoch: int = 0  # batches of the epoch's current segment already consumed (epoch_plan)
     finished: bool = False
     train_seconds: float = 0.0  # wall-clock time spent training so far, across restarts
     history: list[dict] = field(default_factory=list)  # validation metrics so far
-    world_size: int = 0  # workers when saved, and their batches in this epoch: a resize rescales the position
-    batches_in_epoch: int = 0
+    world_size: int = 0  # workers when saved
+    segment_workers: int = 0  # the worker count of the epoch's current segment: its batches depend on it
+    segment_seen: torch.Tensor = field(default_factory=nothing)  # the epoch's examples seen when the segment began
+    seen: torch.Tensor = field(default_factory=nothing)  # ... and as of this checkpoint, all ranks together
     restarts: int = 0  # times the run resumed from a checkpoint
     preempted: bool = False  # saved on a preemption notice: the restart that follows is the preemption's
+    validate_first: bool = False  # saved on a notice that came while validating: the restart validates first
     attempt: str = ""  # the command (nmt train, a trial) that saved it: a new one resuming is a rerun
 
 
@@ -91,6 +93,7 @@ class Replica:
         # leave a gap in MLflow's history. Values logged twice are identical, and MLflow keeps one.
         self.replayed: list[dict] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []  # last N weights, for averaging
+        self.held_for: set[tuple] = set()  # the preemption notices this process has checkpointed and held for
         self.node_sampler: NodeSampler | None = None  # on each node's first worker: its system metrics
         # By node id, not Ray Train's local rank: that groups workers by IP, which nodes may share.
         first_on_node = all_gather_objects(ctx.node).index(ctx.node) == ctx.world_rank
@@ -105,7 +108,9 @@ class Replica:
         self.ddp_model = ctx.prepare_model(self.model)
         if self.train_cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
-        self.shard = ctx.train_shard(data_path)
+        self.data = EpochData(manifest.split_dir("train"), ctx.world_rank, ctx.world_size, self.train_cfg.max_tokens,
+                              self.train_cfg.seed, gather=all_gather_objects,
+                              largest=lambda n: all_reduce_max([n], ctx.device)[0])
         val = manifest.read_split("validation", [*COLUMNS, "tgt"])
         self.val = TokenShard.from_batches([val])
         self.val_refs = val.column("tgt").to_pylist()
@@ -143,7 +148,9 @@ class Replica:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         saved = state["progress"]
-        self.progress = Progress(**saved)
+        self.progress = Progress(**{k: v for k, v in saved.items() if k in Progress.__dataclass_fields__})
+        if "segment_workers" not in saved:  # saved before segments: its position counts the whole epoch's batches
+            self.progress.segment_workers = saved.get("world_size", 0)
         self.resumed_from = self.progress.step
         self.restart = {"cause": elastic.restart_cause(saved, self.ctx.world_size, self.attempt),
                         "from_workers": saved.get("world_size") or self.ctx.world_size}
@@ -167,22 +174,15 @@ class Replica:
         """The run's first line: workers, device, process group, data on this rank, accumulation, precision."""
         if self.ctx.is_main:
             group = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
+            pairs = self.data.rows.size // self.ctx.world_size
             logger.info(f"{self.ctx.world_size} worker(s), rank 0 on {self.ctx.device}, process group: {group}, "
-                        f"{len(self.shard):,} training pairs on this rank, {self.accumulation} batch(es) per update, "
+                        f"{pairs:,} training pairs per rank and epoch, {self.accumulation} batch(es) per update, "
                         f"amp {self.amp_dtype or 'off'}")
 
-    def epoch_position(self, batches: int) -> int:
-        """Where this epoch goes on: after a resize, the same share of the epoch (each rank's batches differ)."""
-        position = elastic.rescaled_position(self.progress.batch_in_epoch, self.progress.batches_in_epoch, batches)
-        self.progress.batches_in_epoch, self.progress.world_size = batches, self.ctx.world_size
-        return position
-
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """This rank's batches for an epoch: the same count on every rank, or the all-reduce would hang."""
-        lengths = self.shard.src.lengths, self.shard.tgt.lengths
-        batches = token_budget_batches(*lengths, self.train_cfg.max_tokens,
-                                       seed=self.train_cfg.seed + self.ctx.world_rank, epoch=epoch)
-        return equalize_batch_count(batches, all_reduce_max([len(batches)], self.ctx.device)[0], *lengths)
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This rank's batches for the rest of the epoch (epoch_plan); the loop goes on at progress.batch_in_epoch."""
+        self.progress.world_size = self.ctx.world_size
+        return self.data.begin(self.progress)
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """Updates the whole run will make (for the ETA and the end condition)."""
@@ -192,7 +192,7 @@ class Replica:
 
     def prefetch(self, batches: list[np.ndarray]) -> BatchPrefetcher:
         """The collated batches, built ahead in a thread (pinned when they go to a GPU)."""
-        return BatchPrefetcher(self.shard, batches, pin=self.ctx.device.type == "cuda")
+        return BatchPrefetcher(self.data.shard, batches, pin=self.ctx.device.type == "cuda")
 
     def cool_down(self, step: int, end_step: int) -> None:
         """Set the learning rate of the update after `step`: Eq. 3's, falling linearly to 0 at end_step."""
@@ -236,35 +236,29 @@ class Replica:
         self.scheduler.step()
         return sums
 
-    @torch.no_grad()
-    def validate(self) -> dict[str, float]:
-        """Validation loss over all ranks; BLEU and chrF of beam search, decoding split across ranks."""
-        started = time.perf_counter()
-        model = unwrap(self.ddp_model)
-        model.eval()
-        rank, size = self.ctx.world_rank, self.ctx.world_size
-        mine = list(range(rank, len(self.val), size))
-        sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # loss, nll, tokens
-        for start in range(0, len(mine), 64):
-            chunk = mine[start: start + 64]
-            src, tgt_in, tgt_out = (t.to(self.ctx.device) for t in self.val.collate(chunk))
-            loss, nll, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out,
-                                                            self.train_cfg.label_smoothing, self.model_cfg.pad_id)
-            sums += torch.stack([loss.double(), nll.double(), count.double()])
-        loss_sum, nll_sum, tokens = all_reduce_(sums).tolist()
-        hyps = translate_ids(model, [self.val.src.ids(i) for i in mine], beam_size=self.train_cfg.beam_size,
-                             alpha=self.train_cfg.length_penalty)
-        texts = dict(zip(mine, self.tokenizer.decode_tgt(hyps)))
-        for part in all_gather_objects(texts):
-            texts.update(part)
-        scores = score([texts[i] for i in range(len(self.val_refs))], self.val_refs)
-        # DDP keeps replicas identical; if they ever differ, every later number is meaningless.
-        checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-        checksums = all_gather_objects(checksum)
-        if max(checksums) != min(checksums):
-            raise RuntimeError(f"data-parallel ranks diverged: parameter checksums {checksums}")
-        return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
-                "val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "val_seconds": time.perf_counter() - started}
+    def validate(self, held: HeldReports) -> dict[str, float]:
+        """Validation metrics, asking about preemption between decoding chunks. On a notice the preemption
+        checkpoint comes first (marked to validate again after the restart); if no restart comes, it validates."""
+        try:
+            return self._validate()
+        except Preempted as stop:
+            notice = stop.notice
+            self.progress.validate_first = True
+            held.flush(lambda earlier: self.checkpoint_and_hold(notice, earlier))
+            self.progress.validate_first = False
+            return self._validate()
+
+    def _validate(self, ask: bool = True) -> dict[str, float]:
+        return validate(unwrap(self.ddp_model), self.val, self.val_refs, self.tokenizer, self.train_cfg, self.ctx,
+                        notice=self.notice if ask and self.train_cfg.preemption_check_s else None)
+
+    def notice(self):
+        """A preemption notice the ranks have not held for yet (all ranks ask together), else None.
+
+        A drain that never completes keeps its notice up: the run checkpoints and holds for it once, then trains on.
+        """
+        found = self.ctx.preemption_notice()
+        return None if found is None or elastic.notice_key(found) in self.held_for else found
 
     def report(self, metrics: dict, earlier: list[dict] | None = None, keep_snapshot: bool = True,
                final: bool = False) -> None:
@@ -273,6 +267,7 @@ class Replica:
             self.snapshots = (self.snapshots + [{k: v.detach().to("cpu", copy=True)
                                                  for k, v in self.model.state_dict().items()}])
             self.snapshots = self.snapshots[-self.train_cfg.average_last:]
+        self.progress.seen = self.data.seen(self.progress)  # every rank: a resize goes on from exactly here
         directory = storage.staging_dir("nmt-ckpt-")
         state = None
         if self.ctx.is_main:
@@ -302,7 +297,7 @@ class Replica:
         if len(self.snapshots) < 2:
             return
         self.model.load_state_dict(average_checkpoints(self.snapshots))
-        metrics = {**self.validate(), "averaged": len(self.snapshots)}
+        metrics = {**self._validate(ask=False), "averaged": len(self.snapshots)}  # the run's end: no hold
         if self.ctx.is_main:
             logger.info(f"average of the last {len(self.snapshots)} checkpoints: val_bleu "
                         f"{metrics['val_bleu']:.2f} (best single {best_bleu:.2f})")
@@ -327,6 +322,7 @@ class Replica:
         would be lost with the node) until Ray Train restarts the workers from it after the deadline."""
         noticed_at = time.time()
         warning_s = elastic.seconds_left(notice.deadline_ms, noticed_at)
+        self.held_for.add(elastic.notice_key(notice))
         if self.ctx.is_main:
             logger.warning(f"node(s) of rank(s) {notice.preempted_ranks} are being preempted (deadline in "
                            f"{warning_s:.0f}s): checkpointing step {self.progress.step}")
@@ -359,19 +355,25 @@ def _progress_line(replica: Replica, schedule: Schedule, window: Window, held: H
                     f"ETA {_eta(schedule.remaining_s(progress.step, progress.train_seconds))}")
     if due.validate:
         if end_of_epoch and not progress.finished:
-            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-        metrics.update(replica.validate())
-        progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
-        if ctx.is_main:
-            logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                        f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
-        final = progress.finished and not replica.will_average()
-        held.flush(lambda earlier: replica.report(metrics, earlier, final=final))
+            replica.data.next_epoch(progress)
+        _validation(replica, held, metrics)
     elif due.report:
         held.flush(lambda earlier: replica.send({**metrics, PROGRESS_KEY: earlier}))
     else:
         held.hold(metrics)
     window.restart(progress.step)
+
+
+def _validation(replica: Replica, held: HeldReports, metrics: dict) -> None:
+    """Validate, log the result, then checkpoint and report it with the values held back."""
+    progress = replica.progress
+    metrics.update(replica.validate(held))
+    progress.history.append({k: metrics[k] for k in ("step", "val_bleu", "val_loss")})
+    if replica.ctx.is_main:
+        logger.info(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+    final = progress.finished and not replica.will_average()
+    held.flush(lambda earlier: replica.report(metrics, earlier, final=final))
 
 
 def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
@@ -385,10 +387,14 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     if progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
         return
     window, held = Window(ctx.device, progress.step), HeldReports(replica.replayed, replica.train_cfg.report_interval_s)
+    if progress.validate_first:  # preempted while validating: that validation comes first
+        progress.validate_first = False
+        _validation(replica, held, {**replica.position_metrics(), **replica.restart_metrics(), "time": time.time()})
     while not progress.finished:
-        batches = replica.epoch_batches(progress.epoch)
-        schedule.begin_epoch(progress.step, progress.train_seconds, replica.total_steps(len(batches)))
-        position = replica.epoch_position(len(batches))
+        batches = replica.epoch_batches()
+        per_epoch = replica.data.full_epoch_batches()  # a segment may be an epoch's rest only
+        schedule.begin_epoch(progress.step, progress.train_seconds, replica.total_steps(per_epoch))
+        position = progress.batch_in_epoch
         with replica.prefetch(batches[position:]) as stream:
             while position < len(batches) and not progress.finished:
                 group = list(itertools.islice(stream, replica.accumulation))
@@ -397,13 +403,13 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
                 progress.step, progress.batch_in_epoch = progress.step + 1, position
                 progress.train_seconds = schedule.train_seconds()
                 replica.cool_down(progress.step, schedule.end_step)
-                if schedule.notices.due(progress.step) and (notice := ctx.preemption_notice()) is not None:
+                if schedule.notices.due(progress.step) and (notice := replica.notice()) is not None:
                     held.flush(lambda earlier: replica.checkpoint_and_hold(notice, earlier))
                 due = schedule.after_update(progress, position >= len(batches), held.waited())
                 if due.line:
                     _progress_line(replica, schedule, window, held, due, end_of_epoch=position >= len(batches))
         if not progress.finished and progress.batch_in_epoch >= len(batches):
-            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+            replica.data.next_epoch(progress)
     replica.average_and_report(max((h["val_bleu"] for h in progress.history), default=-1.0))
 
 

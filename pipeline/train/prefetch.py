@@ -15,14 +15,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from .shard import TokenShard
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src, tgt_in, tgt_out
 _DONE = object()
 
 
+def _no_examples() -> Batch:
+    """A step without examples (epoch_plan.NO_EXAMPLES): one source token and a target of padding only, so its
+    loss, token count and gradients are 0 while the rank still takes part in the update's all-reduce."""
+    return torch.tensor([[EOS_ID]]), torch.tensor([[BOS_ID]]), torch.tensor([[PAD_ID]])
+
+
 class BatchPrefetcher:
-    """Yields shard.collate(index) for each index in order, built up to `depth` batches ahead."""
+    """Yields shard.collate(index) for each index in order (an empty one: a step without examples), built up to
+    `depth` batches ahead."""
 
     def __init__(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool = False, depth: int = 4):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -35,7 +43,7 @@ class BatchPrefetcher:
     def _fill(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool) -> None:
         try:
             for index in batches:
-                batch = shard.collate(index)
+                batch = shard.collate(index) if len(index) else _no_examples()
                 if pin:
                     batch = tuple(t.pin_memory() for t in batch)
                 if not self._put(batch):

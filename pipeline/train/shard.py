@@ -81,6 +81,13 @@ def _side(ids: list[np.ndarray], lengths: list[np.ndarray], order: np.ndarray) -
     return Side(tokens, arrival_starts[order], arrival_lengths[order])
 
 
+def split_rows(split_dir: str) -> np.ndarray:
+    """The corpus row of every example of a prepared split, ascending: only the row column is read."""
+    import pyarrow.dataset as ds
+
+    return np.sort(ds.dataset(split_dir, format="parquet").to_table(columns=["row"]).column("row").to_numpy())
+
+
 @dataclass(frozen=True)
 class TokenShard:
     """Sentence pairs in corpus order as two flat Sides; examples are addressed by index."""
@@ -107,23 +114,28 @@ class TokenShard:
         return cls(_side(src_ids, src_len, order), _side(tgt_ids, tgt_len, order), row[order])
 
     @classmethod
-    def read(cls, split_dir: str, rank: int = 0, world_size: int = 1) -> TokenShard:
-        """Rank `rank`'s share of a prepared split (a directory or URI of Parquet files): every world_size-th row."""
+    def read(cls, split_dir: str, rank: int = 0, world_size: int = 1, seen: np.ndarray | None = None,
+             rows: np.ndarray | None = None) -> TokenShard:
+        """Rank `rank`'s share of a prepared split (a directory or URI of Parquet files): every world_size-th of
+        its rows that `seen` (a bool array indexed by row; None: nothing) leaves. rows: split_rows(), if known."""
         import pyarrow.dataset as ds
 
         split = ds.dataset(split_dir, format="parquet")
-        # Only the row column is read in full, to number the examples in corpus order.
-        rows = np.sort(split.to_table(columns=["row"]).column("row").to_numpy())
+        rows = split_rows(split_dir) if rows is None else rows
+        mine = (rows if seen is None else rows[~seen[rows]])[rank::world_size]
 
-        def mine():
+        def wanted():
             # Small batches, one in flight: Arrow's default read-ahead (16 batches of 128k rows) holds
             # more than the shard itself.
             for batch in split.to_batches(columns=COLUMNS, batch_size=16_384, batch_readahead=0,
                                           fragment_readahead=1, use_threads=False):
-                position = np.searchsorted(rows, batch.column("row").to_numpy())
-                yield batch.filter(pa.array(position % world_size == rank))
+                found = batch.column("row").to_numpy()
+                keep = np.zeros(found.size, bool)
+                if mine.size:  # mine is sorted: one binary search per row
+                    keep = mine[np.minimum(np.searchsorted(mine, found), mine.size - 1)] == found
+                yield batch.filter(pa.array(keep))
 
-        return cls.from_batches(mine())
+        return cls.from_batches(wanted())
 
     @classmethod
     def from_lists(cls, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> TokenShard:
