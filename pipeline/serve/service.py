@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -22,10 +23,12 @@ from starlette.exceptions import HTTPException
 from ..common import log
 from ..common.errors import UserError
 from ..config import Config, ServeConfig, config_from_dict, set_value
+from ..text.translator import SourceTooLong
 from ..track.login import redact
 from ..track.registry import champion_uri
 from ..track.target import TrackingTarget, connect
 
+PROBE_TEXT = "a"  # what a health check translates: the shortest input that runs the whole model
 MAX_BEAM_SIZE = 16  # beam search cost grows with the beam; larger beams are for offline `nmt evaluate`
 FIELDS = ("texts", "beam_size")
 APP_NAME = "nmt"
@@ -136,8 +139,9 @@ async def translate_apart(engine, texts: list[str], beam_size: int) -> list[str 
 
     try:
         return await asyncio.to_thread(predict, texts)
-    except Exception:
-        pass
+    except Exception as err:  # one line per failed batch; each sentence's own failure is logged where it is answered
+        logging.getLogger("ray.serve").warning(f"a batch of {len(texts)} sentence(s) failed ({_first_line(err)}); "
+                                               f"translating them one by one")
     out: list[str | Exception] = []
     for text in texts:
         try:
@@ -147,7 +151,24 @@ async def translate_apart(engine, texts: list[str], beam_size: int) -> list[str 
     return out
 
 
-@serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64)
+def _first_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
+
+
+def failure_response(i: int, err: Exception) -> JSONResponse:
+    """The answer to a request whose sentence i failed: 422 with the reason when the model cannot take it (longer
+    than its positions), else 500 naming a reference to the replica's log line: internal errors stay there."""
+    if isinstance(err, SourceTooLong):
+        return JSONResponse({"error": f'"texts"[{i}] cannot be translated: {err}'}, status_code=422)
+    reference = uuid.uuid4().hex[:12]
+    logging.getLogger("ray.serve").error(f"translation failed (reference {reference}): {_first_line(err)}")
+    return JSONResponse({"error": f'translation of "texts"[{i}] failed; the service logged the cause under reference '
+                                  f'{reference}'}, status_code=500)
+
+
+# Ray Serve calls check_health every period and replaces a replica whose check raises or outlasts the timeout.
+@serve.deployment(name="Translator", max_ongoing_requests=32, max_queued_requests=64, health_check_period_s=10,
+                  health_check_timeout_s=60)
 @serve.ingress(api)
 class TranslationService:
     """One replica: a loaded model (PyTorch or its CTranslate2 export); requests are split into sentences that
@@ -176,13 +197,29 @@ class TranslationService:
         self._translate_one.set_max_batch_size(max_batch_size)
         self._translate_one.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batch_sizes: list[int] = []  # sentences per model call: what dynamic batching achieved (last 1000)
+        self.unhealthy = ""  # why the last health check failed
 
     @api.get("/healthz")
-    async def healthz(self) -> dict[str, Any]:
-        """Liveness and the model served; a replica answers only after its model has loaded."""
-        return {"status": "ok", "model_uri": self.model_uri, "model_version": self.version, "engine": self.engine,
-                "beam_size": self.beam_size, "length_penalty": self.alpha,
-                "mean_batch_size": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else None}
+    async def healthz(self) -> JSONResponse:
+        """Liveness and the model served; a replica answers only after its model has loaded, and 503 while its last
+        health check failed (Ray Serve is replacing it)."""
+        return JSONResponse({
+            "status": "unhealthy" if self.unhealthy else "ok", "model_uri": self.model_uri,
+            "model_version": self.version, "engine": self.engine, "beam_size": self.beam_size,
+            "length_penalty": self.alpha,
+            "mean_batch_size": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else None,
+        }, status_code=503 if self.unhealthy else 200)
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: a probe sentence through the model. A replica whose device broke (a CUDA
+        context gone bad fails every call while the process lives on) raises here, and Serve replaces it."""
+        try:
+            await asyncio.to_thread(self._engine, [PROBE_TEXT], 1)
+        except Exception as err:
+            self.unhealthy = _first_line(err)
+            logging.getLogger("ray.serve").error(f"health check failed, the replica will be replaced: {self.unhealthy}")
+            raise RuntimeError(f"the model fails a probe sentence ({type(err).__name__})") from None
+        self.unhealthy = ""
 
     @api.post("/translate")
     async def translate(self, request: Request) -> JSONResponse:
@@ -202,12 +239,7 @@ class TranslationService:
                                           f"overloaded, retry later"}, status_code=504, headers={"Retry-After": "1"})
         failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
         if failed:
-            i, err = failed[0]
-            if isinstance(err, ValueError):  # the model cannot take this input (e.g. longer than its positions)
-                return JSONResponse({"error": f'"texts"[{i}] cannot be translated: {err}'}, status_code=422)
-            logging.getLogger("ray.serve").error(f"translation failed: {type(err).__name__}: {err}")
-            return JSONResponse({"error": f'translation of "texts"[{i}] failed: {type(err).__name__}: {err}'},
-                                status_code=500)
+            return failure_response(*failed[0])
         return JSONResponse({"translations": results, "model_version": self.version})
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)

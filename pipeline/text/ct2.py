@@ -23,7 +23,7 @@ from model.decoding import MAX_LEN_OFFSET  # outputs up to the source length + 5
 
 from ..common.errors import UserError
 from .tokenizer import BOS_ID, PAD_ID, Tokenizer
-from .translator import Translator, read_decoding, write_decoding
+from .translator import SourceTooLong, Translator, read_decoding, write_decoding
 
 QUANTIZATIONS = ("int8", "float32")
 # Written into every export: the model it holds and its positions. Only a directory holding it is ever replaced.
@@ -232,7 +232,7 @@ class Ct2Translator:
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len: int | None = None, batch_size: int = 64, truncate: bool = False) -> list[str]:
-        """Translations of texts, in order; a source longer than the model's positions is a ValueError, or with
+        """Translations of texts, in order; a source longer than the model's positions is SourceTooLong, or with
         truncate translated from its first max_positions tokens.
 
         Outputs are limited as in model.decoding (source length + 50 tokens, or max_len, within the positions),
@@ -244,7 +244,7 @@ class Ct2Translator:
         if limit:
             longest = max((len(row) for row in ids), default=0)
             if longest > limit and not truncate:
-                raise ValueError(f"a source of {longest} tokens is longer than the model's {limit} positions")
+                raise SourceTooLong(f"a source of {longest} tokens is longer than the model's {limit} positions")
             ids = [row[:limit] for row in ids]
         outputs: list[list[int]] = [[] for _ in ids]  # an empty source translates to nothing, as in translate_ids
         by_length = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
@@ -260,7 +260,13 @@ class Ct2Translator:
                 # As model.decoding: eos may come first (an empty translation), bos and pad never come.
                 min_decoding_length=0, suppress_sequences=[[tgt.id_to_piece(i)] for i in (BOS_ID, PAD_ID)]))
         for i, result in pending:
-            outputs[i] = [tgt.piece_to_id(p) for p in result.result().hypotheses[0]]
+            try:
+                hypothesis = result.result().hypotheses[0]
+            except RuntimeError as err:  # an export without the marker: CTranslate2 finds the limit itself
+                if "position" not in str(err):
+                    raise
+                raise SourceTooLong(f"a source of {len(ids[i])} tokens is longer than the model's positions") from None
+            outputs[i] = [tgt.piece_to_id(p) for p in hypothesis]
         return tokenizer.decode_tgt(outputs)
 
     def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -21,6 +21,10 @@ WEIGHTS_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
 DECODING_FILE = "decoding.json"  # the beam size and length penalty the model was validated with
 
 
+class SourceTooLong(ValueError):
+    """A source with more tokens than the model has positions: the caller's input, not a fault of the model."""
+
+
 def write_decoding(directory: Path, beam_size: int, alpha: float) -> Path:
     """The decoding settings as JSON beside a model's files, so every engine decodes as validation did."""
     path = Path(directory) / DECODING_FILE
@@ -47,8 +51,8 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], beam_siz
     # An empty source has nothing to attend to (its softmax would be all -inf): it translates to nothing.
     order = sorted((i for i in range(len(sources)) if len(sources[i])), key=lambda i: len(sources[i]))
     if order and len(sources[order[-1]]) > model.cfg.max_positions:
-        raise ValueError(f"a source of {len(sources[order[-1]])} tokens is longer than the model's "
-                         f"{model.cfg.max_positions} positions")
+        raise SourceTooLong(f"a source of {len(sources[order[-1]])} tokens is longer than the model's "
+                            f"{model.cfg.max_positions} positions")
     outputs: list[list[int]] = [[] for _ in sources]
     start = 0
     while start < len(order):
@@ -133,7 +137,7 @@ class Translator:
                   on_progress: Callable[[int, int], None] | None = None, truncate: bool = False) -> list[str]:
         """Translations of texts, in order; on_progress(done, total) after each batch.
 
-        A source longer than the model's positions is a ValueError, or with truncate translated from its
+        A source longer than the model's positions is SourceTooLong, or with truncate translated from its
         first max_positions tokens.
         """
         beam = beam_size or self.beam_size
