@@ -70,10 +70,15 @@ def _allows(policy: dict, action: str, resource: str, context: dict | None = Non
 
 
 def _conditions_hold(condition: dict, context: dict) -> bool:
+    """Every operator's every key must match (IAM's AND); a key the request lacks matches nothing."""
+    tests = {"StringEquals": lambda have, want: have == want, "ArnEquals": lambda have, want: have == want,
+             "StringLike": fnmatch.fnmatchcase, "ArnLike": fnmatch.fnmatchcase,
+             "NumericLessThanEquals": lambda have, want: float(have) <= float(want)}
     for operator, pairs in condition.items():
-        assert operator == "StringEquals", f"{operator}: not evaluated here"
-        if any(context.get(key) not in _listed(values) for key, values in pairs.items()):
-            return False
+        assert operator in tests, f"{operator}: not evaluated here"
+        for key, values in pairs.items():
+            if key not in context or not any(tests[operator](str(context[key]), str(v)) for v in _listed(values)):
+                return False
     return True
 
 
@@ -106,7 +111,8 @@ def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
     for name, arn in profile.items():
         if name != config["head_node_type"]:
             role = arn.replace(":instance-profile/", ":role/")  # the README names each role like its profile
-            assert _allows(head, "iam:PassRole", role), f"the head cannot launch {name} with {arn}"
+            assert _allows(head, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"}), \
+                f"the head cannot launch {name} with {arn}"
     region = config["provider"]["region"]
     for name, node_type in types.items():
         image = node_type["node_config"]["ImageId"]
@@ -130,13 +136,19 @@ def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
 
 
 def _instance_and_tags(config: dict) -> tuple[str, dict]:
-    """An instance of the cluster's account and region, and the tag context of a call on one of its nodes."""
+    """An instance of the cluster's account and region, and the context of a call on one of its nodes: its tag,
+    and for a launch what the autoscaler asks for a worker as cluster-aws.yaml describes it."""
     from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME
 
     account = config["available_node_types"][config["head_node_type"]]["node_config"]["IamInstanceProfile"]["Arn"]
     instance = f"arn:aws:ec2:{config['provider']['region']}:{account.split(':')[4]}:instance/i-0123456789abcdef0"
     name = config["cluster_name"]
-    return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name}
+    [worker] = [t["node_config"] for n, t in config["available_node_types"].items() if n != config["head_node_type"]]
+    return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name,
+                      "ec2:InstanceType": worker["InstanceType"],
+                      "ec2:InstanceProfile": worker["IamInstanceProfile"]["Arn"],
+                      "ec2:MetadataHttpTokens": worker["MetadataOptions"]["HttpTokens"],
+                      "ec2:MetadataHttpPutResponseHopLimit": worker["MetadataOptions"]["HttpPutResponseHopLimit"]}
 
 
 def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
@@ -159,7 +171,7 @@ def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
                      f"arn:aws:ec2:{region}:{account}:network-interface/eni-0abc",
                      f"arn:aws:ec2:{region}:{account}:volume/vol-0abc",
                      f"arn:aws:ec2:{region}:{account}:key-pair/ray-autoscaler_1_{region}"):
-        assert _allows(head, "ec2:RunInstances", resource), resource
+        assert _allows(head, "ec2:RunInstances", resource, {"ec2:Owner": "amazon"}), resource
     # The tags of RunInstances' TagSpecifications are authorised as CreateTags on the new instance.
     assert _allows(head, "ec2:CreateTags", instance, {"ec2:CreateAction": "RunInstances"})
     assert not _allows(head, "ec2:CreateTags", instance, {"ec2:CreateAction": "CreateVolume"})
@@ -169,3 +181,62 @@ def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
             assert "*" not in _listed(statement["Resource"]), f"{statement['Sid']}: {changes} on every resource"
             if any(":instance/" in r for r in _listed(statement["Resource"])):
                 assert statement.get("Condition"), f"{statement['Sid']}: {changes} on any instance"
+
+
+def test_the_head_launches_only_this_clusters_workers_as_configured_and_passes_only_their_role():
+    """A job on the head holds the head's role: it must not launch any AMI, type or key, nor pass any role."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    instance, launch = _instance_and_tags(config)
+    region, account = instance.split(":")[3:5]
+    assert _allows(head, "ec2:RunInstances", instance, launch)
+    for key, other in (("ec2:InstanceType", "p5.48xlarge"), ("ec2:MetadataHttpTokens", "optional"),
+                       ("ec2:MetadataHttpPutResponseHopLimit", 2),
+                       ("ec2:InstanceProfile", f"arn:aws:iam::{account}:instance-profile/ray-nmt-head"),
+                       ("ec2:InstanceProfile", f"arn:aws:iam::{account}:instance-profile/admin")):
+        assert not _allows(head, "ec2:RunInstances", instance, {**launch, key: other}), (key, other)
+    for missing in ("ec2:InstanceProfile", "ec2:MetadataHttpTokens"):
+        assert not _allows(head, "ec2:RunInstances", instance, {k: v for k, v in launch.items() if k != missing})
+    image = f"arn:aws:ec2:{region}::image/ami-0abc"
+    assert not _allows(head, "ec2:RunInstances", image, {"ec2:Owner": "111122223333"})  # someone's own AMI
+    assert not _allows(head, "ec2:RunInstances", f"arn:aws:ec2:{region}:{account}:key-pair/my-own-key")
+    to_ec2 = {"iam:PassedToService": "ec2.amazonaws.com"}
+    assert _allows(head, "iam:PassRole", f"arn:aws:iam::{account}:role/ray-nmt-worker", to_ec2)
+    for role in ("ray-nmt-head", "admin", "nmt-mlflow"):
+        assert not _allows(head, "iam:PassRole", f"arn:aws:iam::{account}:role/{role}", to_ec2), role
+    assert not _allows(head, "iam:PassRole", f"arn:aws:iam::{account}:role/ray-nmt-worker",
+                       {"iam:PassedToService": "lambda.amazonaws.com"})
+
+
+def test_every_node_requires_imdsv2_one_hop_away():
+    """A session token for the metadata service, one hop: Ray's containers use the host's network (--net=host)."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    from ray.autoscaler._private.docker import docker_start_cmds
+
+    command = docker_start_cmds("ray", "image", {}, "c", [], config["cluster_name"], "/home/ray", "docker")
+    assert "--net=host" in command, "Ray's containers left the host network: the hop limit must be 2"
+    for name, node_type in config["available_node_types"].items():
+        options = node_type["node_config"]["MetadataOptions"]
+        assert options["HttpTokens"] == "required" and options["HttpPutResponseHopLimit"] == 1, name
+
+
+def test_each_role_reaches_only_its_clusters_prefixes_and_reads_no_other_login():
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    region, cluster = config["provider"]["region"], config["cluster_name"]
+    wmt = yaml.safe_load((ROOT / "configs" / "wmt14_en_de.yaml").read_text())
+    bucket = urllib.parse.urlsplit(wmt["train"]["storage_path"]).netloc
+    for name in ("head", "worker"):
+        policy = json.loads((DEPLOY / f"aws/ray-{name}-policy.json").read_text())
+        objects = [r for s in policy["Statement"] for r in _listed(s["Resource"]) if r.startswith("arn:aws:s3:::")
+                   and "/" in r]
+        assert objects and all(r.startswith((f"arn:aws:s3:::{bucket}/{cluster}/", f"arn:aws:s3:::{bucket}/corpora/"))
+                               and r.count("*") == 1 for r in objects), (name, objects)
+        for key in ("other-team/runs/x/model.pt", f"{cluster}-b/runs/x", "mlflow-artifacts/1/model.bin", "x"):
+            for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+                assert not _allows(policy, action, f"arn:aws:s3:::{bucket}/{key}"), (name, action, key)
+        assert _allows(policy, "s3:GetObject", f"arn:aws:s3:::{bucket}/corpora/wmt14/de-en/train-0.parquet")
+        assert not _allows(policy, "s3:PutObject", f"arn:aws:s3:::{bucket}/corpora/wmt14/de-en/train-0.parquet")
+        # The nodes' own login only: not the MLflow server's admin password beside it in SSM.
+        account = config["available_node_types"]["head"]["node_config"]["IamInstanceProfile"]["Arn"].split(":")[4]
+        for parameter in ("/nmt/mlflow/server/admin-password", "/nmt/mlflow/promoter/password"):
+            assert not _allows(policy, "ssm:GetParameter", f"arn:aws:ssm:{region}:{account}:parameter{parameter}")

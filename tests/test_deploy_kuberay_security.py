@@ -260,3 +260,95 @@ def test_mlflow_admits_the_ray_pods_and_labelled_clients_only():
     for client in (PLAIN_POD, ADMIN_POD, GATEWAY_POD, _submitter_pod(by_kind("RayJob")[0][1])):
         assert not _admitted((RAY_NAMESPACE, client), server, port), client
     assert not _admitted(INGRESS_CONTROLLER, server, port)
+
+
+# Egress: where a pod may open connections to, evaluated as Kubernetes does (a pod no egress policy selects may
+# connect anywhere; once one selects it, only what some rule allows).
+DNS = ("kube-system", {"k8s-app": "kube-dns"})
+OBJECT_STORAGE = "52.216.8.1"  # an S3 address
+PRIVATE = ("10.0.12.7", "172.20.0.5", "192.168.1.9", "100.64.3.2")  # nodes, another team's database, a VPC service
+METADATA = "169.254.169.254"  # the cloud's instance metadata: the node's credentials
+
+
+def _ip_in(ip: str, block: dict) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    return address in ipaddress.ip_network(block["cidr"]) and not any(
+        address in ipaddress.ip_network(e) for e in block.get("except", []))
+
+
+def _egress(source: tuple[str, dict], target: tuple[str, dict] | str, port: int, protocol: str = "TCP") -> bool:
+    """Whether a pod may connect to a pod (namespace, labels) or an IP address outside the cluster on a port."""
+    source_ns, source_labels = source
+    policies = [d for d in _network_policies() if (namespace(d) or RAY_NAMESPACE) == source_ns
+                and "Egress" in d["spec"]["policyTypes"] and _selects(d["spec"]["podSelector"], source_labels)]
+    if not policies:
+        return True
+    for rule in (rule for policy in policies for rule in policy["spec"].get("egress", [])):
+        ports = rule.get("ports", [])
+        if ports and (port, protocol) not in {(p["port"], p.get("protocol", "TCP")) for p in ports}:
+            continue
+        for peer in rule.get("to", [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"namespaceSelector": {}}]):
+            if isinstance(target, str):
+                if "ipBlock" in peer and _ip_in(target, peer["ipBlock"]):
+                    return True
+                continue
+            target_ns, target_labels = target
+            if "ipBlock" in peer:
+                continue
+            in_namespace = (_selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": target_ns})
+                            if "namespaceSelector" in peer else target_ns == source_ns)
+            if in_namespace and _selects(peer.get("podSelector", {}), target_labels):
+                return True
+    return False
+
+
+def test_ray_pods_reach_each_other_dns_mlflow_and_object_storage_and_nothing_else():
+    defined = defined_objects()
+    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    mlflow = ("mlflow", deployment["spec"]["template"]["metadata"]["labels"])
+    clusters = {where: _ray_pods(doc) for where, doc, _ in ray_clusters()}
+    for where, pods in clusters.items():
+        for _, labels in pods:
+            pod = (RAY_NAMESPACE, labels)
+            for _, peer in pods:
+                assert all(_egress(pod, (RAY_NAMESPACE, peer), p) for p in RAY_PORTS), f"{where}: its own cluster"
+            assert _egress(pod, DNS, 53, "UDP") and _egress(pod, DNS, 53, "TCP"), f"{where}: DNS"
+            assert _egress(pod, mlflow, 5000) and not _egress(pod, mlflow, 5432), f"{where}: MLflow's port only"
+            assert _egress(pod, OBJECT_STORAGE, 443), f"{where}: object storage over HTTPS"
+            assert not _egress(pod, OBJECT_STORAGE, 22) and not _egress(pod, OBJECT_STORAGE, 80), where
+            assert not any(_egress(pod, ip, 80) or _egress(pod, ip, 5432) for ip in (METADATA, *PRIVATE)), where
+            if labels["ray.io/node-type"] != "head":  # the head's autoscaler reaches the API server on 443/6443
+                assert not any(_egress(pod, ip, 443) for ip in (METADATA, *PRIVATE)), where
+            for client in (PLAIN_POD, ADMIN_POD, GATEWAY_POD):
+                assert not _egress(pod, (RAY_NAMESPACE, client), 8000), f"{where}: {client}"
+            for other, other_pods in clusters.items():
+                if other != where:
+                    assert not any(_egress(pod, (RAY_NAMESPACE, b), 6379) for _, b in other_pods), f"{where}: {other}"
+
+
+def test_ray_containers_have_a_read_only_root_filesystem_and_scratch_where_ray_writes():
+    """Ray writes its session directory under /tmp, caches under ~/.cache, settings (nmt's state key) ~/.config."""
+    for where, doc, _ in ray_clusters():
+        for pod, labels in _ray_pods(doc):
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            for container in pod["containers"]:
+                assert container["securityContext"].get("readOnlyRootFilesystem") is True, where
+                writable = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+                for path in ("/tmp", "/home/ray/.cache", "/home/ray/.config", "/dev/shm"):
+                    assert "emptyDir" in writable[path], f"{where} {labels['ray.io/group']}: {path}"
+
+
+def test_the_image_keeps_the_project_out_of_the_ray_users_hands():
+    """The editable install is root's: a job running as the ray user cannot rewrite the code other jobs import."""
+    lines = [line.strip() for line in (DEPLOY / "Dockerfile").read_text().splitlines()]
+    user = "ray"  # the base image's
+    for line in lines:
+        if line.startswith("USER "):
+            user = line.split()[1]
+        if line.startswith("COPY "):
+            assert "--chown" not in line and user in ("root", "0"), f"{line}: as {user}"
+        if "pip install" in line and " -e ." in " ".join(lines[lines.index(line):lines.index(line) + 2]):
+            assert user in ("root", "0"), f"the project is installed as {user}"
+    assert user == "1000:100"  # and the containers run as the ray user again
