@@ -54,13 +54,17 @@ def state_key() -> bytes:
     path = key_file()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Written whole under another name, then linked in: a command starting beside this one never reads it
+        # half-written, and if both make one, the first link wins and both use it.
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        with os.fdopen(os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
         try:
-            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another command made it first: use theirs
+            os.link(draft, path)
+        except FileExistsError:
             pass
-        else:
-            with os.fdopen(handle, "w") as out:
-                out.write(secrets.token_hex(32) + "\n")
+        finally:
+            draft.unlink()
     info = path.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise UserError(f"{path} must belong to you and be readable by you alone (chmod 600 {path}): "

@@ -69,7 +69,8 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     from ..data.manifest import load_manifest
 
     log.setup(setup["log_level"])  # a Ray actor of its own: its trial's workers log at the driver's level
-    tracking.use_credentials(setup["credentials"])
+    target = setup["target"]
+    target.activate()  # a Ray actor of its own, with its node's environment: the driver's login goes with it
     trial_id = tune.get_context().get_trial_id()
     cfg, problem = apply(config_from_dict(setup["base"]), params)
     tags = {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
@@ -77,7 +78,8 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
     # A trial ASHA stops leaves its run RUNNING or FAILED (whichever Tune's stop breaks first): summarize(),
     # which sees Tune found no error in it, marks it stopped early.
     with tracking.mlflow_run(setup["uri"], setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(), tags,
-                             parent_run_id=setup["parent_run_id"], source="nmt tune (trial)") as child:
+                             parent_run_id=setup["parent_run_id"], source="nmt tune (trial)",
+                             user=target.username) as child:
         if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
             child.end_status, child.end_tags = "KILLED", {"rejected": problem}
         else:
@@ -85,7 +87,7 @@ def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
             child.log_datasets(dataset_inputs(manifest))  # what the compare view lists per trial
             trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
                                     callbacks=[_validation_reports(),
-                                               reports.report_callback(child, cfg.tracking.system_metrics_s)],
+                                               reports.report_callback(child, target, cfg.tracking.system_metrics_s)],
                                     init=setup["init"])
             trainer.fit()
     if problem:  # after the run has ended: Tune may stop the trial inside this report
@@ -203,8 +205,9 @@ def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: track
     setup = {"base": cfg.to_dict(), "data_path": prepared.manifest.path, "uri": prepared.uri,
              "experiment": cfg.tracking.experiment, "parent_run_id": parent.id, "sweep": name,
              "train_storage": f"{path}/train", "log_level": log.level(), "init": prepared.init(),
-             # Trials run on any node, without this process's environment: the MLflow login goes with them.
-             "credentials": tracking.credentials()}
+             # Trials run on any node, without this process's environment: the tracking target (its login) goes
+             # with them as a value.
+             "target": prepared.target}
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
