@@ -166,18 +166,20 @@ class PostgresCluster:
 class MlflowServer:
     """`mlflow server` on 127.0.0.1 with a backend store (sqlite:/// or postgresql+psycopg://), optionally with logins.
 
-    auth=True runs MLflow's basic-auth app with a generated admin password; its users database sits
-    in the same kind of store as the tracking data (a database `<name>_auth` beside a PostgreSQL one).
+    auth=True runs MLflow's basic-auth app with a generated admin password; its users database is
+    auth_backend (an SQLite file beside the server's directory unless given). A verified login is
+    cached for auth_cache_s in each server worker, as deploy/ runs it: checking the password hash on
+    every request costs a CPU core tens of requests a second.
     """
 
     def __init__(self, root: Path, backend: str, *, auth: bool = False, auth_backend: str | None = None,
                  artifacts: str | None = None, workers: int = 1, env: dict[str, str] | None = None,
-                 extra: tuple[str, ...] = (), port: int | None = None):
+                 extra: tuple[str, ...] = (), port: int | None = None, auth_cache_s: int = 60):
         self.root, self.backend, self.auth, self.workers = Path(root), backend, auth, workers
         self.root.mkdir(parents=True, exist_ok=True)
         self.auth_backend = auth_backend or f"sqlite:///{self.root / 'basic_auth.db'}"
         self.artifacts = artifacts or str(self.root / "artifacts")
-        self.env, self.extra = dict(env or {}), extra
+        self.env, self.extra, self.auth_cache_s = dict(env or {}), extra, auth_cache_s
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.admin_password = secrets.token_urlsafe(16)
@@ -203,7 +205,8 @@ class MlflowServer:
             config = self.root / "basic_auth.ini"
             config.write_text("[mlflow]\ndefault_permission = READ\n"
                               f"database_uri = {self.auth_backend}\nadmin_username = admin\n"
-                              "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                              "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                              f"auth_cache_ttl_seconds = {self.auth_cache_s}\n")
             config.chmod(0o600)  # it names the users database, with its password for PostgreSQL
             # The auth app's CSRF key: kept for a restart of the same server.
             self.env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))

@@ -76,7 +76,7 @@ class MetricLogger:
         self.run = run
         self.pending: list = []
         self.pending_tags: list = []
-        self.dropped = 0
+        self.queued, self.sent, self.dropped = 0, 0, 0  # metric values, over the run: what tracking_load counts
         self.failing_since: float | None = None
         self.backoff_s, self.next_try = 0.0, 0.0  # no waiting until a send fails
 
@@ -90,7 +90,9 @@ class MetricLogger:
 
         import mlflow
 
-        self.pending.extend([*metric_entries(report), *(extra or [])])
+        entries = [*metric_entries(report), *(extra or [])]
+        self.pending.extend(entries)
+        self.queued += len(entries)
         self.pending_tags.extend(mlflow.entities.RunTag(k, v) for k, v in (tags or {}).items())
         if len(self.pending) > self.MAX_PENDING:
             self.dropped += len(self.pending) - self.MAX_PENDING
@@ -123,6 +125,7 @@ class MetricLogger:
             while self.pending:
                 client.log_batch(self.run.id, metrics=self.pending[: self.BATCH])
                 sent += min(self.BATCH, len(self.pending))
+                self.sent += min(self.BATCH, len(self.pending))
                 del self.pending[: self.BATCH]
         except Exception as err:  # any store failure: training must go on
             self.backoff_s = min(max(2 * self.backoff_s, 1.0), self.BACKOFF_MAX_S)
@@ -134,10 +137,10 @@ class MetricLogger:
             return False
         self.backoff_s, self.next_try = 0.0, 0.0
         if self.failing_since is not None:
-            lost = f"; {self.dropped} metric values were dropped (buffer full)" if self.dropped else ""
+            lost = f"; {self.dropped} metric values dropped so far (buffer full)" if self.dropped else ""
             logger.warning(f"{redact(self.run.uri)} answers again after {time.monotonic() - self.failing_since:.0f}s: "
                            f"logged {sent} delayed metric values{lost}")
-            self.failing_since, self.dropped = None, 0
+            self.failing_since = None
         return True
 
 

@@ -1,0 +1,31 @@
+"""benchmarks/tracking_load.py at a small scale: its trials, sweeps and promotion run on both stores, and every
+point they log is read back (the figures at 64 to 512 trials are in benchmarks/results.json)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from small import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_champion(tmp_path):
+    out = tmp_path / "load.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tracking_load.py"), "--trials", "8",
+                             "--processes", "2", "--duration-s", "6", "--report-interval-s", "1", "--ramp-s", "2",
+                             "--rows-per-report", "3", "--out", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    levels = {level["store"]: level for level in json.loads(out.read_text())["levels"]}
+    assert set(levels) == {"sqlite", "postgresql"}
+    for store, level in levels.items():
+        assert level["trial_errors"] == 0 and level["processes_missing"] == 0, (store, level["first_trial_error"])
+        # Each trial queued its reports' values, its node's and its controller's samples: all are in the store.
+        assert level["points_queued"] > 8 * 6 * 3 and level["lost_points"] == 0 == level["extra_points"], level
+        assert level["runs_not_finished"] == 0 and level["requests"] > 0 and level["p99_s"] > 0
+        # Two sweeps, each with a best trial that its person's login could only mark a candidate.
+        assert level["candidates_registered"] == 2 and level["champion_version"] in ("1", "2")
