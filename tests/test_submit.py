@@ -316,6 +316,37 @@ def test_plan_keeps_credentials_out_of_the_command_and_env_vars(monkeypatch):
         plan(["train", "--set", "tracking.experiment=hf-secret-123"], "http://127.0.0.1:8265", forward_env=["HF_TOKEN"])
 
 
+def test_plan_redacts_a_password_of_every_printable_character_and_forwards_the_login_here(monkeypatch):
+    """Whether in the tracking URI (MLFLOW_TRACKING_URI, or --set quoted as YAML reads it) or in MLflow's login
+    variables, the password reaches the job only as a forwarded secret, whatever characters it holds."""
+    import random
+    import string
+
+    from pipeline.launch.submit import plan
+
+    chars = list(string.printable.strip(string.whitespace[1:]) + " ")
+    random.Random(11).shuffle(chars)
+    password = "".join(chars)
+    uri = f"http://alice:{password}@mlflow.example:5000"
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    from_variable = plan(["train"], "http://127.0.0.1:8265")
+    from_set = plan(["train", "--set", f"tracking.tracking_uri={json.dumps(uri)}"], "http://127.0.0.1:8265")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    from_login = plan(["train"], "http://127.0.0.1:8265")
+    for job in (from_variable, from_set, from_login):
+        shown = job.entrypoint + json.dumps(job.runtime_env) + repr(job)
+        assert password not in shown and password[:8] not in shown
+        assert job.runtime_env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow.example:5000"
+        assert job.secrets == {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": password}
+        # Who submits it, from which commit: plain values for the job's runs to carry.
+        assert job.runtime_env["env_vars"]["NMT_SUBMITTED_BY"].partition("@")[0] and \
+            job.runtime_env["env_vars"]["NMT_GIT_COMMIT"]
+
+
 def test_forwarded_variables_are_set_by_importing_the_pipeline_in_a_job(tmp_path):
     from pipeline.launch import job_env
 

@@ -177,7 +177,7 @@ def printable_password() -> str:
     return "".join(chars)
 
 
-def test_a_password_of_every_printable_character_is_taken_out_and_hidden_wherever_it_is_shown():
+def test_redact_takes_out_a_password_of_every_printable_character_wherever_it_is_shown():
     import yaml
 
     password = printable_password()
