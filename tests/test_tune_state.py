@@ -11,6 +11,7 @@ from small import ROOT
 from pipeline.cli import main
 from pipeline.common.errors import UserError
 from pipeline.config import load_config
+from pipeline.track import provenance
 from pipeline.train.driver import default_run_name
 from pipeline.tune import state_seal
 from pipeline.tune.sweep import default_sweep_name
@@ -108,10 +109,15 @@ def test_resume_state_key_is_private_or_refused(tmp_path, monkeypatch):
 def test_resume_state_default_names_differ_per_person(monkeypatch):
     cfg = load_config(ROOT / "configs" / "demo.yaml")
     names = {}
-    for user in ("alice", "bob"):
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)  # one login per person on a team's server
-        names[user] = (default_sweep_name(cfg, "space"), default_run_name(cfg))
+    for user in ("alice", "bob"):  # one login per person on a team's server
+        names[user] = (default_sweep_name(cfg, "space", user), default_run_name(cfg, user))
     assert names["alice"] != names["bob"]
     assert all("alice" in name for name in names["alice"]) and all("bob" in name for name in names["bob"])
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "eve/../x y")
-    assert "/" not in default_sweep_name(cfg, "space") and " " not in default_run_name(cfg)
+    assert "/" not in default_sweep_name(cfg, "space", "eve/../x y") and " " not in default_run_name(cfg, "e v")
+    # Without a login (a local store): the person who submitted the job, else this process's user.
+    monkeypatch.setenv(provenance.SUBMITTED_BY, "carol@laptop")
+    provenance.current.cache_clear()
+    try:
+        assert "carol" in default_run_name(cfg) and "carol" in default_sweep_name(cfg, "space")
+    finally:
+        provenance.current.cache_clear()

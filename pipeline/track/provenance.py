@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import getpass
 import os
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -66,6 +67,16 @@ def current() -> Provenance:
         return Provenance(submitted_by.partition("@")[0], os.environ.get(SUBMITTED_COMMIT) or "unknown",
                           None if not dirty else dirty == "true", submitted_by)
     return Provenance(os_user(), *checkout())
+
+
+def person(login_user: str = "") -> str:
+    """Who runs this command, as a path-safe word for default run and sweep names: the tracking server's login
+    (one per person on a team's server), else the submitter of a submitted job, else the OS user.
+
+    On a shared Ray cluster every job runs as the image's user, so that one tells no one apart.
+    """
+    name = login_user or current().user
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:32] or f"uid{os.getuid()}"
 
 
 def job_variables() -> dict[str, str]:

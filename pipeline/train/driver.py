@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common import log, storage
-from ..common.user import person
 from ..config import Config
 from ..data.manifest import Manifest
 from ..track import reports
+from ..track.provenance import person
 from ..track.publish import best_checkpoint, publish
 from .run import build_trainer, fit_interrupts, prepare_run, tracked_run
 
@@ -29,16 +29,16 @@ class TrainOutcome:
     registered: Any = None  # registry.Registered, when the run registered a model version
 
 
-def default_run_name(cfg: Config) -> str:
+def default_run_name(cfg: Config, login_user: str = "") -> str:
     """A name from the person and the config: re-running the same command resumes the same run, and two people
     with the same config never adopt each other's MLflow run or Ray Train directory."""
-    return f"train-{person()}-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
+    return f"train-{person(login_user)}-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
 
 
 def train(cfg: Config, address: str | None = None, config_file: str | None = None) -> TrainOutcome:
     """Prepare (or reuse) the data, train on Ray Train, track everything in one MLflow run."""
     setup = prepare_run(cfg, address)
-    run_name = cfg.train.run_name or default_run_name(cfg)
+    run_name = cfg.train.run_name or default_run_name(cfg, setup.target.username)
     with tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file) as run:
         logger.info(f"run {run_name} (MLflow run {run.id}, storage {setup.storage_path}/{run_name})")
         trainer = build_trainer(cfg, setup.manifest, run_name, setup.storage_path,

@@ -17,10 +17,11 @@ from typing import Any
 
 from ..common import log, storage
 from ..common.errors import UserError
-from ..common.user import person
 from ..config import Config, config_from_dict
 from ..track import reports, tracking
+from ..track.provenance import person
 from ..track.publish import dataset_inputs, publish
+from ..track.target import resolve
 from ..train.run import RunSetup, build_trainer, fit_interrupts, prepare_run, tracked_run
 from .search_space import apply, base_point, grid_size, largest, load_space, to_tune
 from .state_seal import sealed_filesystem
@@ -29,10 +30,10 @@ from .summary import SweepOutcome, best_trial, log_summary, summarize, trial_lin
 logger = log.get("tune")
 
 
-def default_sweep_name(cfg: Config, space_text: str) -> str:
+def default_sweep_name(cfg: Config, space_text: str, login_user: str = "") -> str:
     """A name from the person, the config and the space: the same command finds the same sweep again, and two
     people with the same config never share one (its storage directory, its MLflow run)."""
-    return f"tune-{person()}-{cfg.digest(('data', 'model', 'train', 'tune'), extra=space_text)}"
+    return f"tune-{person(login_user)}-{cfg.digest(('data', 'model', 'train', 'tune'), extra=space_text)}"
 
 
 def max_concurrent(cfg: Config) -> int:
@@ -177,7 +178,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
 
     space = load_space(space_path, cfg)  # a bad space fails here, before MLflow, Ray or data
     space_text = Path(space_path).read_text(encoding="utf-8")
-    name = cfg.tune.name or default_sweep_name(cfg, space_text)
+    name = cfg.tune.name or default_sweep_name(cfg, space_text, resolve(cfg.tracking.tracking_uri).username)
     path = storage.join(storage.absolute(cfg.train.storage_path), name)
     exists = tune.Tuner.can_restore(path)
     if resume is None:
