@@ -23,6 +23,13 @@ def _model_uri(args: argparse.Namespace, cfg) -> str:
     return args.model or champion_uri(cfg.tracking.registered_model)
 
 
+def _mlflow_run_id() -> str | None:
+    """The run `mlflow run` made for this command (MLFLOW_RUN_ID), which becomes the command's run."""
+    import os
+
+    return os.environ.get("MLFLOW_RUN_ID") or None
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from .data.prepare import prepare
 
@@ -34,7 +41,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train.driver import train
 
-    outcome = train(_load(args), address=args.address, config_file=args.config)
+    outcome = train(_load(args), address=args.address, config_file=args.config, adopt_run_id=_mlflow_run_id())
     metrics = outcome.metrics
     print(f"run {outcome.run_name}: best val_bleu {metrics.get('val_bleu', float('nan')):.2f} "
           f"(step {metrics.get('step', '?')}); MLflow run {outcome.run_id}; checkpoint {outcome.checkpoint_path}")
@@ -45,7 +52,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .tune.summary import format_trials
     from .tune.sweep import sweep
 
-    outcome = sweep(_load(args), args.space, address=args.address, resume=args.resume, config_file=args.config)
+    outcome = sweep(_load(args), args.space, address=args.address, resume=args.resume, config_file=args.config,
+                    adopt_run_id=_mlflow_run_id())
     print(format_trials(outcome))
     return 0
 

@@ -7,8 +7,9 @@ Modules log through `get(stage)` (a logger named `pipeline.<stage>`); nothing is
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from .environment import default_for_process
 
 ROOT = "pipeline"
 LEVELS = {-1: logging.WARNING, 0: logging.INFO, 1: logging.DEBUG}  # -q, default, -v
@@ -98,10 +99,9 @@ class _DropMessage(logging.Filter):
 def configure_libraries() -> None:
     """Ray's and MLflow's output as a command wants it: colour on a terminal only, their chatter with `-v` only."""
     if not sys.stderr.isatty():  # the "(worker pid=...)" prefixes of forwarded lines
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        default_for_process({"RAY_COLOR_PREFIX": "0"})
     if not verbose():
-        for name, value in QUIET.items():
-            os.environ.setdefault(name, value)
+        default_for_process(QUIET)
         for name in NOTICES:
             logging.getLogger(name).setLevel(logging.ERROR)
         for name, text in FALSE_ALARMS.items():

@@ -50,11 +50,11 @@ def pip_requirements() -> list[str]:
     return [f"{name}=={metadata.version(name).split('+')[0]}" for name in REQUIREMENTS]
 
 
-def _client(uri: str):
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)  # for the fluent log_model in log_model()
-    return mlflow_client(uri)
+def _fluent(uri: str):
+    """MLflow's fluent API (log_model, load_model) pointed at uri for a block: it reads the tracking and
+    registry URIs from the environment, set here and restored after (never mlflow.set_tracking_uri, which
+    changes them for the whole process)."""
+    return environment(MLFLOW_TRACKING_URI=uri, MLFLOW_REGISTRY_URI=uri)
 
 
 def log_model(run: Run, translator: Translator, example: str):
@@ -63,7 +63,6 @@ def log_model(run: Run, translator: Translator, example: str):
     import pandas as pd
     from mlflow.models import infer_signature
 
-    _client(run.uri)
     params = {"beam_size": translator.beam_size, "max_len": 0}
     with tempfile.TemporaryDirectory() as tmp:
         translator.save(Path(tmp) / "translator")
@@ -71,7 +70,7 @@ def log_model(run: Run, translator: Translator, example: str):
         signature = infer_signature(sample, pd.DataFrame({"translation": translator.translate([example])}), params)
         # The fluent log_model needs an active run; leaving the block marks it FINISHED (a training run's
         # owner, mlflow_run, sets its final status after; a sweep's trial run had ended already).
-        with mlflow.start_run(run_id=run.id):
+        with _fluent(run.uri), mlflow.start_run(run_id=run.id):
             return mlflow.pyfunc.log_model(
                 name="model", python_model=str(MODEL_CODE), artifacts={"translator": str(Path(tmp) / "translator")},
                 code_paths=[str(PACKAGE_ROOT / "model"), str(PACKAGE_ROOT / "pipeline")],
@@ -85,7 +84,7 @@ def version_of_run(uri: str, name: str, run_id: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        found = _client(uri).search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        found = mlflow_client(uri).search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
     except MlflowException:
         return None
     return str(found[0].version) if found else None
@@ -128,7 +127,7 @@ def _create_version(uri: str, name: str, model_uri: str, model_id: str | None, r
     """A new version of `name` (made first if it does not exist) from a logged model; its number."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(uri)
+    client = mlflow_client(uri)
     # Through the client rather than log_model(registered_model_name=): the same registration
     # without MLflow's "Successfully registered model" prints (our own line says it).
     try:
@@ -152,7 +151,7 @@ def register_candidates(uri: str, name: str) -> list[str]:
     """Register every candidate run of `name` not registered yet (the promoting login's work); the new versions."""
     import json
 
-    client = _client(uri)
+    client = mlflow_client(uri)
     experiments = [e.experiment_id for e in _all_experiments(client)]
     added = []
     for start in range(0, len(experiments), 100):  # search_runs takes at most 100 experiments at a time
@@ -204,13 +203,12 @@ def load(uri: str, model_uri: str, device: str = "auto"):
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    _client(uri)
     try:
         with warnings.catch_warnings():  # predict takes a DataFrame, a list or a str: no one type hint fits
             warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
             # models:/ is resolved in the registry of the tracking server, as mlflow_client does, whatever
-            # MLFLOW_REGISTRY_URI says (MLflow's fluent API reads the variable).
-            with environment(MLFLOW_REGISTRY_URI=uri):
+            # MLFLOW_REGISTRY_URI said before.
+            with _fluent(uri):
                 return mlflow.pyfunc.load_model(model_uri, model_config={"device": device})
     except (MlflowException, OSError) as err:
         raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
@@ -227,7 +225,6 @@ def translator_files(uri: str, model_uri: str) -> Iterator[Path]:
     from mlflow.exceptions import MlflowException
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    _client(uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             repository = get_artifact_repository(model_uri, tracking_uri=uri, registry_uri=uri)
@@ -291,7 +288,7 @@ CT2_TAG = "ctranslate2"  # set on a model version that has an export; its value 
 
 def log_ctranslate2(uri: str, version: Any, directory: Path, quantization: str) -> None:
     """Attach a CTranslate2 export to a model version: artifacts of its run, and a tag on the version."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     client.log_artifacts(version.run_id, str(directory), CT2_ARTIFACTS)
     client.set_model_version_tag(version.name, version.version, CT2_TAG, quantization)
 
@@ -302,6 +299,5 @@ def ctranslate2_export(uri: str, version: Any, destination: str) -> Path | None:
         return None
     import mlflow
 
-    _client(uri)
     return Path(mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path=CT2_ARTIFACTS,
                                                     dst_path=destination, tracking_uri=uri))

@@ -35,9 +35,11 @@ def default_run_name(cfg: Config, login_user: str = "") -> str:
     return f"train-{person(login_user)}-{cfg.digest(('data', 'model', 'train'), leave_out=('train.run_name',))}"
 
 
-def train(cfg: Config, address: str | None = None, config_file: str | None = None) -> TrainOutcome:
-    """Prepare (or reuse) the data, train on Ray Train, track everything in one MLflow run."""
-    setup = prepare_run(cfg, address)
+def train(cfg: Config, address: str | None = None, config_file: str | None = None,
+          adopt_run_id: str | None = None) -> TrainOutcome:
+    """Prepare (or reuse) the data, train on Ray Train, track everything in one MLflow run (adopt_run_id's, if
+    `mlflow run` made one for this command)."""
+    setup = prepare_run(cfg, address, adopt_run_id=adopt_run_id)
     run_name = cfg.train.run_name or default_run_name(cfg, setup.target.username)
     with tracked_run(setup, cfg, "nmt train", run_name, cfg.flat(), {}, config_file) as run:
         logger.info(f"run {run_name} (MLflow run {run.id}, storage {setup.storage_path}/{run_name})")

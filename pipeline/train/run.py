@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import uuid
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 
 from ..common import log, storage
 from ..common.cluster import ensure_ray
+from ..common.environment import default_for_process
 from ..config import Config
 from ..data.manifest import Manifest
 from ..data.prepare import prepare
@@ -43,6 +43,8 @@ class RunSetup:
     storage_path: str  # train.storage_path, absolute: Ray Train's storage for runs and sweeps
     parent: Parent | None = None  # train.init_from's model, when fine-tuning
     init_path: str | None = None  # where the workers read the parent's weights (under storage_path)
+    # A run `mlflow run` made for this command (MLFLOW_RUN_ID where the command started): it becomes the run.
+    adopt_run_id: str | None = None
 
     @property
     def uri(self) -> str:
@@ -54,8 +56,12 @@ class RunSetup:
         return {"path": self.init_path, "described": self.parent.described} if self.parent else None
 
 
-def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None) -> RunSetup:
-    """Check MLflow, connect to Ray (then call on_ray), check the cluster fits the workers, prepare the data."""
+def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None,
+                adopt_run_id: str | None = None) -> RunSetup:
+    """Check MLflow, connect to Ray (then call on_ray), check the cluster fits the workers, prepare the data.
+
+    adopt_run_id: a run `mlflow run` made for this command, which becomes its run (RunSetup.adopt_run_id).
+    """
     target = connect(cfg.tracking.tracking_uri)
     ensure_ray(address)
     if on_ray is not None:
@@ -63,7 +69,7 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     check_capacity(cfg.train, cfg.train.resource_wait_s)
     storage_path = storage.absolute(cfg.train.storage_path)
     if not cfg.train.init_from:
-        return RunSetup(target, prepare(cfg.data, address=address), storage_path)
+        return RunSetup(target, prepare(cfg.data, address=address), storage_path, adopt_run_id=adopt_run_id)
     # Fine-tuning: the parent's shape and vocabulary are checked before any data is prepared.
     found = parent.resolve(cfg.train.init_from, target.uri)
     parent.check_tokenizer(found, cfg.data)
@@ -71,7 +77,7 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     vocab = tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size
     parent.check_shape(found.config, found.described, cfg.transformer_config(*vocab))
     manifest = prepare(cfg.data, address=address, tokenizer=tokenizer)
-    return RunSetup(target, manifest, storage_path, found, parent.stage(found, storage_path))
+    return RunSetup(target, manifest, storage_path, found, parent.stage(found, storage_path), adopt_run_id)
 
 
 @contextlib.contextmanager
@@ -84,10 +90,8 @@ def tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: di
             "tokenizer_sha256": manifest.tokenizer_info.sha256, **tags}
     if setup.parent is not None:  # a fine-tuned run names the model it started from
         tags.update({"parent_model": setup.parent.described, "init_from": setup.parent.spec})
-    # Under `mlflow run`, MLflow has made this command's run already: it becomes the run (the first
-    # one only: `nmt demo` starts a sweep, then a training run).
     with tracking.mlflow_run(setup.uri, cfg.tracking.experiment, name, params, tags, source=source,
-                             adopt_run_id=os.environ.pop("MLFLOW_RUN_ID", None), user=setup.target.username) as run:
+                             adopt_run_id=setup.adopt_run_id, user=setup.target.username) as run:
         log_inputs(run, cfg, manifest, config_file, extra_files)
         yield run
 
@@ -101,7 +105,7 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     # Ray Train gives workers 60 s to start; importing torch on a loaded machine can take longer,
     # and a timed-out attempt can leave its placement group behind for the retry to wait on.
     # Ray propagates this variable from the process calling fit() to the controller.
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
+    default_for_process({"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600"})
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 

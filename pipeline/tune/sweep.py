@@ -169,7 +169,7 @@ def search_algorithm(cfg: Config, space: dict, concurrent: int) -> tuple[Any, di
 
 
 def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool | None = False,
-          config_file: str | None = None) -> SweepOutcome:
+          config_file: str | None = None, adopt_run_id: str | None = None) -> SweepOutcome:
     """Run (or resume) the sweep, then summarize it in the parent MLflow run and register the best model.
 
     resume: True continues an existing sweep, False refuses to touch one, None resumes one if it exists.
@@ -190,7 +190,7 @@ def sweep(cfg: Config, space_path: str, address: str | None = None, resume: bool
         raise UserError(f"no sweep to resume at {path}; run it once without --resume")
     # Its state checked against this person's seal before anything is unpickled, or before any work.
     state_fs = sealed_filesystem(path, resume=exists)
-    prepared = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg))
+    prepared = prepare_run(cfg, address, on_ray=lambda: _check_state_api(cfg), adopt_run_id=adopt_run_id)
     with tracked_run(prepared, cfg, "nmt tune", name, {**cfg.flat(), "space": space_text}, {"nmt.kind": "sweep"},
                      config_file, extra_files=(space_path,)) as parent:
         logger.info(f"sweep {name}: {len(space)} keys, MLflow parent run {parent.id}, results in {path}")
