@@ -125,7 +125,7 @@ def main() -> int:
 
     from pipeline.config import ServeConfig
     from pipeline.data.demo_corpus import generate_pairs
-    from pipeline.serve.service import app_for
+    from pipeline.serve.app import app_for
 
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="nmt-serve-bench-") as tmp:

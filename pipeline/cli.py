@@ -171,7 +171,7 @@ def _promote(uri: str, name: str, version: str | None) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .config import set_value
-    from .serve.service import run
+    from .serve.lifecycle import run
 
     cfg = _load(args)
     for key, value in (("model_uri", args.model), ("port", args.port), ("host", args.host), ("engine", args.engine)):

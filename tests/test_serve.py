@@ -57,7 +57,7 @@ def service(ray_session, champion):
     from ray import serve
 
     from pipeline.config import ServeConfig
-    from pipeline.serve.service import app_for
+    from pipeline.serve.app import app_for
 
     port = free_port()
     cfg = ServeConfig(model_uri=f"models:/{champion.model_name}@champion", max_batch_size=8,
@@ -322,7 +322,7 @@ def test_healthz(service, champion):
 
 
 def test_parse_request_limits():
-    from pipeline.serve.service import BadRequest, parse_request
+    from pipeline.serve.requests import BadRequest, parse_request
 
     assert parse_request(b'{"texts": ["a", ""], "beam_size": 3}', 4, 10) == (["a", ""], 3)
     assert parse_request(b'{"texts": ["a"]}', 4, 10) == (["a"], None)  # the model's own beam size
@@ -336,7 +336,7 @@ def test_parse_request_limits():
 def test_build_app_checks_args_and_model(champion):
     from pipeline.common.errors import UserError
     from pipeline.config import ConfigError
-    from pipeline.serve.service import build_app
+    from pipeline.serve.app import build_app
 
     with pytest.raises(ConfigError, match="serve.max_batch_sizes"):
         build_app({"max_batch_sizes": "4"})

@@ -8,7 +8,7 @@ import logging
 import pytest
 from registry_files import small_tokenizer, small_translator
 
-from pipeline.serve import service
+from pipeline.serve import requests, service
 from pipeline.text.translator import SourceTooLong
 
 pytestmark = pytest.mark.filterwarnings("ignore:coroutine .*ASGIIngressWrapper.__del__.* was never awaited")
@@ -52,13 +52,13 @@ def test_health_of_a_failed_request_hides_internal_text_and_logs_it_once(replica
     assert all(isinstance(r, RuntimeError) for r in results)
     assert len([r for r in caplog.records if "a batch of 2 sentence(s) failed" in r.message]) == 1
     caplog.clear()
-    answer = service.failure_response(1, results[1])
+    answer = requests.failure_response(1, results[1])
     body = json.loads(answer.body)["error"]
     assert answer.status_code == 500 and "CUDA" not in body and "secret" not in body and '"texts"[1]' in body
     (line,) = [r.message for r in caplog.records]
     assert body.rsplit(" ", 1)[1] in line and CUDA_FAULT[:40] in line  # the reference leads to the cause
     for internal in (ValueError("operands could not be broadcast together"), KeyError("weight")):
-        assert service.failure_response(0, internal).status_code == 500
-    too_long = service.failure_response(0, SourceTooLong("a source of 300 tokens is longer than the model's 64 "
+        assert requests.failure_response(0, internal).status_code == 500
+    too_long = requests.failure_response(0, SourceTooLong("a source of 300 tokens is longer than the model's 64 "
                                                          "positions"))
     assert too_long.status_code == 422 and "64 positions" in json.loads(too_long.body)["error"]
