@@ -44,9 +44,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "deploy")]
 TEAM_MODEL = "transformer-nmt-load"
-# The server as deploy/ sizes it (deploy/tracking-server.md): uvicorn workers, and each worker's
-# SQLAlchemy pool, large enough that a burst waits for a connection rather than failing.
-SERVER_ENV = {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": "10", "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "20",
+# Each server worker's database pool, as deploy/ sizes it (deploy/tracking-server.md).
+SERVER_ENV = {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": "5", "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "10",
               "MLFLOW_SQLALCHEMYSTORE_POOL_RECYCLE": "1800"}
 
 
@@ -97,9 +96,11 @@ def run_trial(spec: dict, target, parent_id: str, index: int, delay_s: float) ->
     name = f"{spec['sweep']}-trial{index:04d}"
     params = config_from_dict({}).flat()
     tags = {tracking.TRIAL_TAG: f"trial{index:04d}", "nmt.kind": "trial", "nmt.sweep": spec["sweep"]}
+    callback, run_id = None, ""
     try:
         with tracking.mlflow_run(target.uri, spec["experiment"], name, params, tags, parent_run_id=parent_id,
                                  source="nmt tune (trial)", user=target.username) as run:
+            run_id = run.id
             run.log_datasets([{"name": f"load/{split}", "digest": "0" * 32, "source": f"s3://team/prepared/{split}",
                                "context": split, "profile": {"pairs": 1000}} for split in ("train", "validation")])
             callback = reports.report_callback(run, target, spec["system_metrics_s"])
@@ -121,12 +122,12 @@ def run_trial(spec: dict, target, parent_id: str, index: int, delay_s: float) ->
                 callback.after_report(None, [report], None)
             reports.log_best(run, best, step)
             run.end_tags["best_val_bleu"] = f"{best:.2f}"
-        logger = callback.logger
-        return {"run_id": run.id, "queued": logger.queued, "sent": logger.sent, "dropped": logger.dropped,
-                "best": best, "error": ""}
+        error = ""
     except Exception as err:  # a trial the pipeline gave up on: counted, never hidden
-        return {"run_id": "", "queued": 0, "sent": 0, "dropped": 0, "best": 0.0, "error": f"{type(err).__name__}: "
-                                                                                         f"{str(err)[:300]}"}
+        error, best = f"{type(err).__name__}: {str(err)[:300]}", 0.0
+    logger = callback.logger if callback is not None else None
+    return {"run_id": run_id, "queued": logger.queued if logger else 0, "sent": logger.sent if logger else 0,
+            "dropped": logger.dropped if logger else 0, "best": best, "error": error}
 
 
 def sweep_process(spec: dict, out: str) -> None:
@@ -137,22 +138,25 @@ def sweep_process(spec: dict, out: str) -> None:
 
     target = TrackingTarget(spec["uri"], Login(spec["person"], spec["password"]))
     target.activate()
-    record = timed_requests()
-    parent = tracking.retrying(lambda: tracking.open_run(target.uri, spec["experiment"], spec["sweep"], {},
-                                                         {"nmt.kind": "sweep"}, user=target.username),
-                               "opening the sweep's run", 120)
-    count = spec["trials"]
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        trials = list(pool.map(lambda i: run_trial(spec, target, parent.id, spec["first"] + i,
-                                                   spec["ramp_s"] * i / max(count, 1)), range(count)))
-    finished = [t for t in trials if t["run_id"]]
-    if finished:
-        best = max(finished, key=lambda t: t["best"])
-        registry.mark_candidate(tracking.Run(target.uri, best["run_id"]), TEAM_MODEL,
-                                f"runs:/{best['run_id']}/model", None, {"val_bleu": f"{best['best']:.4f}",
-                                                                        "run_id": best["run_id"]})
-    parent.end()
-    Path(out).write_text(json.dumps({"trials": trials, "requests": record}))
+    record, trials, errors = timed_requests(), [], []
+    try:
+        parent = tracking.retrying(lambda: tracking.open_run(target.uri, spec["experiment"], spec["sweep"], {},
+                                                             {"nmt.kind": "sweep"}, user=target.username),
+                                   "opening the sweep's run", 120)
+        count = spec["trials"]
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            trials = list(pool.map(lambda i: run_trial(spec, target, parent.id, spec["first"] + i,
+                                                       spec["ramp_s"] * i / max(count, 1)), range(count)))
+        finished = [t for t in trials if t["run_id"] and not t["error"]]
+        if finished:
+            best = max(finished, key=lambda t: t["best"])
+            registry.mark_candidate(tracking.Run(target.uri, best["run_id"]), TEAM_MODEL,
+                                    f"runs:/{best['run_id']}/model", None, {"val_bleu": f"{best['best']:.4f}",
+                                                                            "run_id": best["run_id"]})
+        parent.end()
+    except Exception as err:  # the sweep's own calls failed for good: counted with the rest
+        errors.append(f"{type(err).__name__}: {str(err)[:300]}")
+    Path(out).write_text(json.dumps({"trials": trials, "requests": record, "errors": errors}))
 
 
 def start_server(store: str, root: Path, postgres, workers: int):
@@ -174,9 +178,12 @@ def read_back(server_uri: str, trials: list[dict]) -> dict:
     client = MlflowClient(server_uri)
 
     def count(trial: dict) -> tuple[int, str]:
-        run = client.get_run(trial["run_id"])
-        points = sum(len(client.get_metric_history(trial["run_id"], key)) for key in run.data.metrics
-                     if key not in ("best_val_bleu", "best_step"))  # log_best's own, not the logger's
+        try:
+            run = client.get_run(trial["run_id"])
+            points = sum(len(client.get_metric_history(trial["run_id"], key)) for key in run.data.metrics
+                         if key not in ("best_val_bleu", "best_step"))  # log_best's own, not the logger's
+        except Exception as err:  # a run the store cannot even show: its points count as lost
+            return 0, f"unreadable ({type(err).__name__})"
         return points, run.info.status
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -221,12 +228,17 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
             process.join(args.ramp_s + args.duration_s + 900)
         wall_s = time.monotonic() - started
         results = [json.loads(out.read_text()) for out in outs if out.is_file()]
-        with environment(MLFLOW_TRACKING_USERNAME="promoter", MLFLOW_TRACKING_PASSWORD=promoter_password):
-            decided_at = time.monotonic()
-            added = registry.register_candidates(server.uri, TEAM_MODEL)
-            decision = champion.decide(server.uri, TEAM_MODEL)
+        all_trials = [t for r in results for t in r["trials"]]
+        # The promoting login's `nmt promote`, then the read-back, as a user's commands would retry them.
+        with environment(MLFLOW_TRACKING_USERNAME="promoter", MLFLOW_TRACKING_PASSWORD=promoter_password,
+                         MLFLOW_HTTP_REQUEST_MAX_RETRIES="3", MLFLOW_HTTP_REQUEST_TIMEOUT="60"):
+            decided_at, added, champion_version, promote_error = time.monotonic(), [], None, ""
+            try:
+                added = registry.register_candidates(server.uri, TEAM_MODEL)
+                champion_version = champion.decide(server.uri, TEAM_MODEL).version
+            except Exception as err:
+                promote_error = f"{type(err).__name__}: {str(err)[:300]}"
             promote_s = time.monotonic() - decided_at
-            all_trials = [t for r in results for t in r["trials"]]
             stored = read_back(server.uri, all_trials)
     requests = [(url.removeprefix(server.uri), status, seconds) for result in results
                 for url, status, seconds in result["requests"] if url.startswith(server.uri)]
@@ -235,16 +247,18 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
     for path, status, _ in requests:
         if not isinstance(status, int) or status >= 500 or status == 429:
             failed[f"{status} {path.split('?')[0]}"] = failed.get(f"{status} {path.split('?')[0]}", 0) + 1
+    sweep_errors = [e for result in results for e in result.get("errors", [])]
     return {"store": store, "trials": trials, "processes_missing": args.processes - len(results),
-            "trial_errors": sum(bool(t["error"]) for t in all_trials),
+            "trial_errors": sum(bool(t["error"]) for t in all_trials) + trials - len(all_trials),
             "first_trial_error": next((t["error"] for t in all_trials if t["error"]), ""),
+            "sweep_errors": len(sweep_errors), "first_sweep_error": sweep_errors[0] if sweep_errors else "",
             "request_errors": sum(failed.values()), "request_errors_by_kind": failed,
             **stored, "requests": len(requests), "wall_s": round(wall_s, 1),
             "requests_per_s": round(len(requests) / wall_s, 1),
             "p50_s": round(_quantile(latencies, 0.5), 3), "p99_s": round(_quantile(latencies, 0.99), 3),
             "max_s": round(latencies[-1], 3) if latencies else None,
-            "candidates_registered": len(added), "champion_version": decision.version,
-            "promote_s": round(promote_s, 1)}
+            "candidates_registered": len(added), "champion_version": champion_version,
+            "promote_error": promote_error, "promote_s": round(promote_s, 1)}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -295,5 +309,8 @@ def _version(name: str) -> str:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the servers and PostgreSQL stop too
     threading.stack_size(512 * 1024)  # hundreds of trial threads per process
     main()

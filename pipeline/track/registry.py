@@ -7,6 +7,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from . import champion
 from .champion import CHAMPION
 from .login import redact
 from .target import mlflow_client
-from .tracking import Run, error_line
+from .tracking import END_WAIT_S, Run, error_line, retrying
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -142,9 +143,10 @@ def mark_candidate(run: Run, name: str, model_uri: str, model_id: str | None, ta
     """Tag a run whose model this login could not register: `nmt promote` finds and registers it."""
     import json
 
-    run.client().set_tag(run.id, CANDIDATE_MODEL_TAG, json.dumps({"model_uri": model_uri, "model_id": model_id,
-                                                                  "tags": tags}))
-    run.client().set_tag(run.id, CANDIDATE_TAG, name)
+    found = {CANDIDATE_MODEL_TAG: json.dumps({"model_uri": model_uri, "model_id": model_id, "tags": tags}),
+             CANDIDATE_TAG: name}  # the name last: a run is a candidate only once its model is named
+    for key, value in found.items():
+        retrying(partial(run.client().set_tag, run.id, key, value), f"marking run {run.id} a candidate", END_WAIT_S)
 
 
 def register_candidates(uri: str, name: str) -> list[str]:

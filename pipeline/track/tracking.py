@@ -6,6 +6,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,10 @@ class Run:
         return mlflow_client(self.uri)
 
     def log_artifacts(self, paths: list[str | Path], artifact_path: str | None = None) -> None:
-        """Copy files into the run's artifacts."""
+        """Copy files into the run's artifacts (each retried while the store fails: an upload replaces itself)."""
         client = self.client()
         for path in paths:
-            client.log_artifact(self.id, str(path), artifact_path)
+            retrying(partial(client.log_artifact, self.id, str(path), artifact_path), f"logging {path}", END_WAIT_S)
 
     def log_datasets(self, datasets: list[dict[str, Any]]) -> None:
         """Record datasets as the run's inputs (the UI's Datasets column); each dict: name, digest, source,
@@ -67,13 +68,15 @@ class Run:
                                        source_type="s3" if d["source"].startswith("s3://") else "local",
                                        source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
                                tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
-        self.client().log_inputs(self.id, datasets=inputs)
+        retrying(lambda: self.client().log_inputs(self.id, datasets=inputs), "logging the run's datasets", END_WAIT_S)
 
     def log_entries(self, entries: list) -> None:
-        """Log MLflow Metric entries (at their own steps and times), a batch of at most 1000 at a time."""
+        """Log MLflow Metric entries (at their own steps and times), a batch of at most 1000 at a time, each
+        retried while the store fails (a value logged twice is kept once)."""
         client = self.client()
         for start in range(0, len(entries), 1000):
-            client.log_batch(self.id, metrics=entries[start: start + 1000])
+            batch = partial(client.log_batch, self.id, metrics=entries[start: start + 1000])
+            retrying(batch, "logging metrics", END_WAIT_S)
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
         """(step, value) pairs of a metric, in step order."""
