@@ -160,6 +160,18 @@ def test_force_replaces_the_data_and_shards_that_differ_from_the_manifest_are_re
     assert prepare(cfg, force=True).content["splits"]["train"]["files"] == again.content["splits"]["train"]["files"]
 
 
+def test_a_file_uri_output_dir_prepares_and_publishes_on_that_volume(ray_session, tmp_path, monkeypatch):
+    """data.output_dir=file://PATH (a volume every node mounts, as the cluster guides name it) is that directory."""
+    monkeypatch.chdir(tmp_path)  # nothing may land in a relative "file:" directory here
+    cfg = DataConfig(output_dir=f"file://{tmp_path / 'shared'}", vocab_size=600,
+                     demo_sizes={"train": 2000, "validation": 100, "test": 100})
+    manifest = prepare(cfg)
+    published = [p.name for p in (tmp_path / "shared").iterdir()]
+    assert len(published) == 1 and not published[0].startswith(".tmp-") and not (tmp_path / "file:").exists()
+    assert (tmp_path / "shared" / published[0] / "manifest.json").is_file()
+    assert prepare(cfg).content["created_s"] == manifest.content["created_s"]  # found again, not redone
+
+
 def _pairs(n: int) -> pa.Table:
     return pa.table({"src": pa.array(["ein satz"] * n), "tgt": pa.array(["a sentence"] * n)})
 

@@ -6,13 +6,14 @@ so re-running with identical inputs reuses it and any change prepares anew.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import sys
 import time
-import uuid
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -23,16 +24,8 @@ from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
 from .kinds import check_source, open_source, source_fingerprint
-from .manifest import (
-    FORMAT_VERSION,
-    MANIFEST,
-    VERSION_PREFIX,
-    Manifest,
-    SplitStats,
-    TokenizerInfo,
-    list_files,
-    load_manifest,
-)
+from .manifest import FORMAT_VERSION, MANIFEST, Manifest, SplitStats, TokenizerInfo, list_files, load_manifest
+from .publish import destination_for
 from .sources import TableSource, plan_blocks, tokenizer_sample
 
 logger = log.get("prepare")
@@ -84,14 +77,8 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
                 f"{'' if tokenizer.joint else f' / {tokenizer.tgt_vocab_size}'}"
                 f"{' from the parent model' if given else ''}")
 
-    if storage.is_uri(final):
-        # Object stores cannot rename a prefix: each preparation writes a version prefix of its own, and
-        # the pointer written last (final/manifest.json) publishes it. Nothing is deleted: a run that
-        # loaded the previous version goes on reading it, and an attempt that crashed is never pointed to.
-        out = storage.join(final, f"{VERSION_PREFIX}{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-"
-                                  f"{uuid.uuid4().hex[:8]}")
-    else:
-        out = storage.temporary_sibling(final)
+    destination = destination_for(final, replace=force)  # --force replaces; else a concurrent twin's copy stays
+    out = destination.staging()
     try:
         splits = prepare_splits(source, tokenizer, cfg, out)
         for split, files in list_files(out, list(splits)).items():
@@ -110,13 +97,9 @@ def prepare(cfg: DataConfig, address: str | None = None, force: bool = False,
             created_s=round(time.time(), 3), seconds=round(time.perf_counter() - started, 2))
         written.write()
     except BaseException:
-        if not storage.is_uri(final):
-            storage.remove_dir(out)  # nothing half-written is left behind
+        destination.discard(out)
         raise
-    if storage.is_uri(final):
-        written.write_pointer(final)
-    else:
-        storage.publish_dir(out, final, replace=force)  # --force replaces; otherwise a concurrent twin's copy stays
+    destination.publish(written, out)
     manifest = load_manifest(final)
     logger.info(f"done in {time.perf_counter() - started:.1f}s")
     return manifest
@@ -167,29 +150,41 @@ def prepare_splits(source, tokenizer: Tokenizer, cfg: DataConfig, out: str) -> d
     """
     import ray
 
-    ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()  # in logs, our own lines
     if not log.verbose():  # Ray Data's INFO lines (execution plan, "finished in") with `nmt -v` only
         logging.getLogger("ray.data").setLevel(logging.WARNING)
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     plan = plan_blocks(source.counts, cfg.num_shards, num_cpus)
     settings = encode_settings(tokenizer, cfg)
-    if cfg.dedup:
-        return _prepare_deduplicated(source.dataset(plan), settings, source.counts, cfg, out)
-    # Ray Data reserves resources per operator so that the stages of a longer pipeline do not
-    # starve one another; in this pass (at most a read, then the encoding) it only holds the
-    # second task back at the start. A Dataset keeps a copy of the context it was made with,
-    # so the setting is changed for this one and put back at once.
-    context = ray.data.DataContext.get_current()
-    reserve, context.op_resource_reservation_enabled = context.op_resource_reservation_enabled, False
-    try:
+    # Progress bars on a terminal only (in logs, our own lines). Ray Data reserves resources per operator
+    # so that the stages of a longer pipeline do not starve one another; in this pass (at most a read,
+    # then the encoding) it only holds the second task back at the start. A Dataset keeps a copy of the
+    # context it was made with, so the settings are this pass's and put back after.
+    with data_context(enable_progress_bars=sys.stderr.isatty(), op_resource_reservation_enabled=cfg.dedup):
+        if cfg.dedup:
+            return _prepare_deduplicated(source.dataset(plan), settings, source.counts, cfg, out)
         # One streaming pass: each task writes its block's shard itself and hands back only
         # its length counts, so writing overlaps encoding and nothing large is materialised.
         ds = source.dataset(plan).map_batches(encode_block, batch_format="pyarrow", batch_size=None,
                                               fn_kwargs={"settings": settings, "out": out})
-    finally:
-        context.op_resource_reservation_enabled = reserve
-    counts = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")  # an empty block's are null-typed
+        refs = ds.to_arrow_refs()
+    counts = pa.concat_tables(ray.get(refs), promote_options="default")  # an empty block's are null-typed
     return split_entries(source.counts, counts)
+
+
+@contextlib.contextmanager
+def data_context(**settings) -> Iterator[None]:
+    """Ray Data's DataContext with these settings for the block, the earlier values put back after."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    earlier = {name: getattr(context, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            setattr(context, name, value)
+        yield
+    finally:
+        for name, value in earlier.items():
+            setattr(context, name, value)
 
 
 def _prepare_deduplicated(ds, settings: dict, read: dict[str, int], cfg: DataConfig, out: str) -> dict[str, SplitStats]:
