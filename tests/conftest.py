@@ -18,7 +18,8 @@ import servers  # noqa: E402
 from servers import MlflowServer, PostgresCluster, free_port  # noqa: E402,F401 (tests import free_port from here)
 
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
-HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket", "postgres"}
+HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket", "postgres",
+                  "ray_session"}
 
 
 def _cuda_test_device() -> str:

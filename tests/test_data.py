@@ -33,6 +33,7 @@ def multi30k(ray_session, multi30k_dir, tmp_path_factory):
     return cfg, prepare(cfg)
 
 
+@pytest.mark.slow
 def test_multi30k_is_prepared_end_to_end(multi30k):
     cfg, manifest = multi30k
     splits = manifest.content["splits"]
@@ -52,6 +53,7 @@ def test_multi30k_is_prepared_end_to_end(multi30k):
     assert splits["train"]["src_tokens_max"] == pc.max(train["src_len"]).as_py()
 
 
+@pytest.mark.slow
 def test_decoding_the_ids_gives_back_the_normalized_text(multi30k, multi30k_dir):
     _, manifest = multi30k
     tokenizer = manifest.tokenizer()
@@ -63,6 +65,7 @@ def test_decoding_the_ids_gives_back_the_normalized_text(multi30k, multi30k_dir)
     assert all(3 not in ids and 2 not in ids for ids in test["tgt_ids"])  # no bos/eos stored
 
 
+@pytest.mark.slow
 def test_identical_inputs_reuse_the_prepared_data_and_changes_prepare_anew(multi30k, capfd):
     cfg, manifest = multi30k
     again = prepare(cfg)
@@ -73,6 +76,7 @@ def test_identical_inputs_reuse_the_prepared_data_and_changes_prepare_anew(multi
     assert changed.content["splits"]["validation"]["pairs"] == 1014  # filters touch train only
 
 
+@pytest.mark.slow
 def test_a_split_empty_after_cleaning_fails_and_leaves_nothing_behind(ray_session, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -92,6 +96,7 @@ def test_a_split_empty_after_cleaning_fails_and_leaves_nothing_behind(ray_sessio
     ("\n  \n", "a\n\n", r"cannot train the tokenizer: no training pair sampled from .*train\.en, .*train\.de "
                           r"\(2 lines each\) has text on both sides"),
 ])
+@pytest.mark.slow
 def test_an_empty_or_blank_training_split_names_its_files_and_their_lines(ray_session, tmp_path, train_en, train_de,
                                                                            expected):
     corpus = tmp_path / "corpus"
@@ -106,6 +111,7 @@ def test_an_empty_or_blank_training_split_names_its_files_and_their_lines(ray_se
         prepare(cfg)
 
 
+@pytest.mark.slow
 def test_demo_corpus_is_prepared_with_its_statistics(ray_session, tmp_path):
     cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000,
                      demo_sizes={"train": 3000, "validation": 200, "test": 200})
@@ -124,6 +130,7 @@ def _shards(manifest, split: str) -> dict[str, object]:
     return {f.name: pq.read_table(f) for f in sorted(directory.glob("*.parquet"))}
 
 
+@pytest.mark.slow
 def test_num_shards_sets_the_files_per_split_and_the_same_inputs_write_the_same_files(ray_session, tmp_path):
     cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000, num_shards=3,
                      demo_sizes={"train": 3000, "validation": 200, "test": 200})
@@ -138,6 +145,7 @@ def test_num_shards_sets_the_files_per_split_and_the_same_inputs_write_the_same_
         assert all(second[name].equals(table) for name, table in shards.items())
 
 
+@pytest.mark.slow
 def test_force_replaces_the_data_and_shards_that_differ_from_the_manifest_are_refused(ray_session, tmp_path):
     cfg = DataConfig(output_dir=str(tmp_path), vocab_size=1000, num_shards=2,
                      demo_sizes={"train": 3000, "validation": 200, "test": 200})
@@ -160,6 +168,7 @@ def test_force_replaces_the_data_and_shards_that_differ_from_the_manifest_are_re
     assert prepare(cfg, force=True).content["splits"]["train"]["files"] == again.content["splits"]["train"]["files"]
 
 
+@pytest.mark.slow
 def test_a_file_uri_output_dir_prepares_and_publishes_on_that_volume(ray_session, tmp_path, monkeypatch):
     """data.output_dir=file://PATH (a volume every node mounts, as the cluster guides name it) is that directory."""
     monkeypatch.chdir(tmp_path)  # nothing may land in a relative "file:" directory here
@@ -189,6 +198,7 @@ def test_blocks_run_over_all_splits_in_whole_waves_and_hold_every_pair_once():
         [["train"]] * 3 + [["validation"]] * 3 + [["test"]] * 3
 
 
+@pytest.mark.slow
 def test_line_files_read_on_ray_by_line_ranges_give_the_pairs_read_in_one_piece(ray_session, tmp_path):
     # Tiny scan ranges and a sparse index every 7 lines: blocks start and end inside ranges.
     lines = [f"satz {i} \u00e4\u2028x" if i % 5 else f"satz {i}" for i in range(500)]
@@ -244,6 +254,7 @@ def test_a_block_is_encoded_in_slices_and_an_empty_block_counts_nothing():
     assert counts.num_rows == 2 and pc.sum(counts["count_all"]).as_py() == 10_003
 
 
+@pytest.mark.slow
 def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -267,6 +278,7 @@ def test_dedup_drops_exact_duplicates_of_the_training_split_only(ray_session, tm
     assert pq.read_table(manifest.split_dir("validation")).num_rows == 4
 
 
+@pytest.mark.slow
 def test_a_parquet_corpus_is_prepared_by_row_groups_in_order(ray_session, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -239,6 +239,7 @@ class Reclaimed(Exception):
     """Stands for Ray Train tearing the workers down at the deadline."""
 
 
+@pytest.mark.slow
 def test_on_a_preemption_notice_the_loop_checkpoints_that_update_and_makes_no_other(ray_session, tmp_path, monkeypatch):
     from ray.train import PreemptionInfo
     from small import small_config
