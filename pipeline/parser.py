@@ -41,6 +41,25 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Commands:
+    """Adds subcommands whose --help starts with their one-line summary and ends with examples."""
+
+    def __init__(self, parser: argparse.ArgumentParser, verbosity: argparse.ArgumentParser):
+        self.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        self.verbosity = verbosity
+
+    def add(self, name: str, summary: str, examples: list[str], parents=(), config: bool = False,
+            **kwargs) -> argparse.ArgumentParser:
+        """A subcommand (with --config and --set when config)."""
+        epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+        sub = self.commands.add_parser(name, parents=[self.verbosity, *parents], help=summary,
+                                       description=kwargs.pop("description", summary), epilog=epilog,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        if config:
+            _add_config_options(sub)
+        return sub
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     address = argparse.ArgumentParser(add_help=False)
@@ -59,19 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.set_defaults(verbosity=0)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = _Commands(parser, verbosity)
+    _add_pipeline_commands(commands, address)
+    _add_model_commands(commands, address)
+    _add_submit(commands)
+    return parser
 
-    def command(name: str, summary: str, examples: list[str], parents=(), config: bool = False,
-                **kwargs) -> argparse.ArgumentParser:
-        """A subcommand whose --help starts with its one-line summary and ends with examples (and --config, --set)."""
-        epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
-        sub = commands.add_parser(name, parents=[verbosity, *parents], help=summary,
-                                  description=kwargs.pop("description", summary), epilog=epilog,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
-        if config:
-            _add_config_options(sub)
-        return sub
 
+def _add_pipeline_commands(commands: _Commands, address: argparse.ArgumentParser) -> None:
+    """prepare, train, tune, demo and config."""
+    command = commands.add
     prepare = command("prepare", "clean, tokenize and shard a corpus with Ray Data",
                       ["nmt prepare --config configs/multi30k_en_de.yaml",
                        "nmt prepare --config configs/demo.yaml --set data.output_dir=s3://bucket/prepared"],
@@ -102,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "nmt config --keys | grep warmup"], config=True)
     config.add_argument("--keys", action="store_true", help="list every key with its type, default and meaning")
 
+
+def _add_model_commands(commands: _Commands, address: argparse.ArgumentParser) -> None:
+    """evaluate, translate, export, promote and serve: what is done with a registered model."""
+    command = commands.add
     device_help = f"where to decode: {CHOICES_HELP} (default auto)"
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--engine", choices=ENGINES, default="auto",
@@ -157,7 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", choices=ENGINES,
                        help="decoder (default: serve.engine, auto: CTranslate2 when installed and exported)")
 
-    submit = command(
+
+def _add_submit(commands: _Commands) -> None:
+    """submit: an nmt command as a Ray Job."""
+    submit = commands.add(
         "submit", "run an nmt command as a Ray Job on a cluster",
         ["nmt submit --address http://HEAD:8265 --follow -- nmt train --config configs/multi30k_en_de.yaml"],
         usage="nmt submit [--address DASHBOARD_URL] [--follow] [--no-pip] [--forward-env NAMES] -- COMMAND [ARGS ...]",
@@ -178,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="add the project's requirements (all but Ray) to the job's runtime_env; --no-pip when "
                              "the cluster's image already has them (default: --pip)")
     submit.add_argument("--forward-env", metavar="NAMES", default="",
-                        help="comma-separated environment variables whose values the job gets (e.g. "
-                             "MLFLOW_TRACKING_USERNAME,MLFLOW_TRACKING_PASSWORD) without showing them in its "
-                             "command or job record; a tracking URI's user:password@ is forwarded this way too")
+                        help="comma-separated environment variables whose values the job gets (e.g. HF_TOKEN) "
+                             "without showing them in its command or job record; your MLflow login "
+                             "(MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN, or a tracking URI's user:password@) is "
+                             "forwarded this way without being named")
     submit.add_argument("job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the nmt command, after --")
-    return parser
