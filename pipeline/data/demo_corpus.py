@@ -264,7 +264,29 @@ def _clause(rng, depth, allow_front, antecedent=None):
         front = allow_front and (kind == "report" or rng.random() < 0.5)
     mid = time[1][:] if time and not front else []
     mid += [freq[1]] if freq[1] else []
-    en_post, extra, negated, last_object = [], [], False, None
+    en_post, last_object = _complements(rng, kind, neg, adv_kind, mid)
+    extra = []
+    if time and not front:
+        en_post.append(time[0])
+        last_object = None
+    if kind == "report":
+        comp = _clause(rng, depth - 1, False)
+        # English may drop "that"; "know" keeps it so that "knows the dog" stays "kennt".
+        en_post += (["that"] if verb.de == "wissen" or rng.random() < 0.7 else []) + comp.en
+        extra = [",", "dass"] + _order(comp, "sub")
+    elif last_object is not None and depth > 0 and rng.random() < 0.15:
+        # German moves a relative clause behind the clause-final verbs (extraposition).
+        rel = _clause(rng, 0, False, last_object)
+        en_post += rel.en
+        extra = [","] + _order(rel, "sub")
+    en = ([time[0]] if front else []) + subj_en + en_vg + en_post
+    return _Clause(en, time[1][:] if front else [], subj_de, fin, mid, nf, final, extra)
+
+
+def _complements(rng, kind, neg, adv_kind, mid):
+    """A clause's objects, negation, predicate adjective, manner and prepositional phrase: the English words
+    after the verb, and the German ones added to ``mid``; with the object a relative clause may attach to."""
+    en_post, negated, last_object = [], False, None
     if kind == "ditrans":
         indirect = _noun_phrase(rng, "dat", _ANIMATE_NOUNS)
         en_post += indirect.en
@@ -293,21 +315,7 @@ def _clause(rng, depth, allow_front, antecedent=None):
         en_post += [en_prep] + pobj.en
         mid += [contracted] + pobj.de[1:] if contracted else [de_prep] + pobj.de
         last_object = None
-    if time and not front:
-        en_post.append(time[0])
-        last_object = None
-    if kind == "report":
-        comp = _clause(rng, depth - 1, False)
-        # English may drop "that"; "know" keeps it so that "knows the dog" stays "kennt".
-        en_post += (["that"] if verb.de == "wissen" or rng.random() < 0.7 else []) + comp.en
-        extra = [",", "dass"] + _order(comp, "sub")
-    elif last_object is not None and depth > 0 and rng.random() < 0.15:
-        # German moves a relative clause behind the clause-final verbs (extraposition).
-        rel = _clause(rng, 0, False, last_object)
-        en_post += rel.en
-        extra = [","] + _order(rel, "sub")
-    en = ([time[0]] if front else []) + subj_en + en_vg + en_post
-    return _Clause(en, time[1][:] if front else [], subj_de, fin, mid, nf, final, extra)
+    return en_post, last_object
 
 
 _SHAPES = ((0.5, "single"), (0.18, "coord"), (0.18, "sub"), (0.14, "fronted"))
