@@ -172,9 +172,13 @@ def mlflow_container(deployment: dict) -> dict:
 
 
 def mlflow_args(deployment: dict) -> dict:
-    """The server's settings as `mlflow server` parses the manifest's command line."""
+    """The server's settings as `mlflow server` parses the manifest's command line and environment."""
     from mlflow.cli import cli
+
+    from pipeline.common.environment import environment
 
     container = mlflow_container(deployment)
     assert container["command"] == ["mlflow", "server"]
-    return cli.commands["server"].make_context("server", list(container["args"])).params
+    values = {name: entry["value"] for name, entry in container_env(container).items() if "value" in entry}
+    with environment(**values):  # e.g. MLFLOW_BACKEND_STORE_URI, which the server reads as --backend-store-uri
+        return cli.commands["server"].make_context("server", list(container["args"])).params

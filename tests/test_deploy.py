@@ -43,6 +43,8 @@ def test_every_file_parses_and_is_known():
         "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml",
         # the guides and the AWS MLflow server's files: tests/test_guide.py
         "kuberay/README.md", "aws/README.md", "aws/mlflow-server.sh", "aws/mlflow-server-policy.json",
+        # the tracking server's image and logins: tests/test_deploy_mlflow.py, tests/test_permissions.py
+        "mlflow.Dockerfile", "mlflow_users.py", "tracking-server.md",
     }, "a new file here needs tests"
     for path in DEPLOY.rglob("*.y*ml"):
         for doc in docs(path):
@@ -104,10 +106,13 @@ def test_versions_agree_ray_cuda_torch_mlflow():
     assert '"torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${CUDA_TAG}"' in dockerfile
     assert "-c /tmp/pins.txt -e ." in dockerfile, "the project's install must not replace Ray or torch"
     # The MLflow server speaks the same release series as the client the project is tested with.
+    # Its image is deploy/mlflow.Dockerfile's, built on MLflow's release image of the same version.
     image = mlflow_container(defined_objects()[("Deployment", "mlflow", "mlflow")])["image"]
-    server = re.fullmatch(r"ghcr\.io/mlflow/mlflow:v(\d+\.\d+\.\d+)-full", image)
-    assert server, f"{image}: MLflow's release image, -full (boto3 for S3, database drivers)"
-    assert Version(server.group(1)).release[:2] == Version(mlflow.__version__).release[:2], image
+    server = re.fullmatch(r"REGISTRY/nmt-mlflow:(\d+\.\d+\.\d+)", image)
+    assert server, f"{image}: the image of deploy/mlflow.Dockerfile"
+    built = re.search(r"^ARG MLFLOW_VERSION=(\S+)$", (DEPLOY / "mlflow.Dockerfile").read_text(), re.M).group(1)
+    assert server.group(1) == built, (image, built)
+    assert Version(built).release[:2] == Version(mlflow.__version__).release[:2], image
 
 
 def test_images_are_pinned_and_the_same_everywhere():

@@ -63,7 +63,7 @@ def test_pods_run_as_a_non_root_user_without_privileges():
     uid, gid = _dockerfile_user()
     assert uid != 0
     pods = [(f"{p.name} {d['kind']}", d, pod) for p, d in objects() for pod in pod_specs(d)]
-    assert {d["kind"] for _, d, _ in pods} == {*RAY_KINDS, "Deployment"}
+    assert {d["kind"] for _, d, _ in pods} == {*RAY_KINDS, "Deployment", "StatefulSet"}
     for where, doc, pod in pods:
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] != 0, where

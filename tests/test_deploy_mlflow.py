@@ -1,8 +1,10 @@
 """deploy/kuberay/mlflow.yaml serves MLflow as written: the manifest's settings, and a server run from them.
 
-- the manifest: logins (basic-auth) whose passwords come from Secrets, artifacts proxied to object storage,
-  both databases on the volume, one replica on a ReadWriteOnce claim, a ClusterIP Service, a non-root pod;
-- the MLflow server starts with the manifest's command, settings and login steps (slow).
+- the manifest: logins (basic-auth) whose passwords come from Secrets, the runs and the logins in a
+  PostgreSQL StatefulSet of its own (password from a Secret, never in a URI), connections sized within
+  its max_connections, artifacts proxied to object storage, a ClusterIP Service, non-root pods, only the
+  server admitted to the database;
+- the MLflow server starts with the manifest's command, settings and login steps on PostgreSQL (slow).
 """
 
 from __future__ import annotations
@@ -15,11 +17,24 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import free_port, stop_process, wait_http
+from conftest import ROOT, free_port, stop_process, wait_http
 from deploy_files import KUBERAY, container_env, defined_objects, header, mlflow_args, mlflow_container
 
+SERVICE_DB = "mlflow@mlflow-postgres.mlflow.svc.cluster.local:5432"
 
-def test_mlflow_server_manifest():
+
+def _auth_ini(defined: dict, container: dict) -> configparser.ConfigParser:
+    pod_volumes = {v["name"]: v for v in defined[("Deployment", "mlflow", "mlflow")]["spec"]["template"]["spec"]
+                   ["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    ini_dir, ini_name = container_env(container)["MLFLOW_AUTH_CONFIG_PATH"]["value"].rsplit("/", 1)
+    ini = configparser.ConfigParser()
+    ini.read_string(defined[("ConfigMap", "mlflow", pod_volumes[mounts[ini_dir]]["configMap"]["name"])]["data"]
+                    [ini_name])
+    return ini
+
+
+def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storage():
     defined = defined_objects()
     deployment = defined[("Deployment", "mlflow", "mlflow")]
     pod = deployment["spec"]["template"]["spec"]
@@ -31,61 +46,78 @@ def test_mlflow_server_manifest():
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "mlflow-auth", "key": key}
     assert urllib.parse.urlsplit(args["artifacts_destination"]).scheme in ("s3", "gs", "wasbs"), "object storage"
     assert args["serve_artifacts"], "clients reach artifacts through the server, with no bucket credentials"
-    # Both databases on the volume; the users database configured by the ConfigMap's ini file.
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    ini_dir, ini_name = env["MLFLOW_AUTH_CONFIG_PATH"]["value"].rsplit("/", 1)
-    ini = configparser.ConfigParser()
-    ini.read_string(defined[("ConfigMap", "mlflow", volumes[mounts[ini_dir]]["configMap"]["name"])]["data"][ini_name])
+    # Runs and logins in the StatefulSet's PostgreSQL, through psycopg 3; its password from a Secret only.
+    ini = _auth_ini(defined, container)
     assert "admin_password" not in ini["mlflow"], "the admin password comes from the Secret only"
+    assert int(ini["mlflow"]["auth_cache_ttl_seconds"]) > 0, "a password hash checked on every request"
     for uri in (args["backend_store_uri"], ini["mlflow"]["database_uri"]):
-        directory = uri.removeprefix("sqlite:///").rsplit("/", 1)[0]
-        assert uri.startswith("sqlite:////") and "persistentVolumeClaim" in volumes[mounts[directory]], uri
-    claim_name = volumes[mounts[directory]]["persistentVolumeClaim"]["claimName"]
-    claim = defined[("PersistentVolumeClaim", "mlflow", claim_name)]
-    if claim["spec"]["accessModes"] == ["ReadWriteOnce"]:
-        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+        parts = urllib.parse.urlsplit(uri)
+        assert parts.scheme == "postgresql+psycopg" and parts.password is None, uri
+        assert f"{parts.username}@{parts.hostname}:{parts.port}" == SERVICE_DB, uri
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mlflow-postgres", "key": "password"}
+    database = defined[("StatefulSet", "mlflow", "mlflow-postgres")]
+    postgres = database["spec"]["template"]["spec"]["containers"][0]
+    postgres_env = container_env(postgres)
+    assert postgres_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == env["PGPASSWORD"]["valueFrom"][
+        "secretKeyRef"] and postgres_env["POSTGRES_USER"]["value"] == "mlflow"
+    claims = {c["metadata"]["name"] for c in database["spec"]["volumeClaimTemplates"]}
+    assert {m["name"] for m in postgres["volumeMounts"] if m["mountPath"] == "/var/lib/postgresql/data"} <= claims
+    init = defined[("ConfigMap", "mlflow", "mlflow-postgres-init")]["data"]
+    assert any("CREATE DATABASE mlflow_auth" in sql for sql in init.values())
+    # Every worker of every replica holds at most pool + overflow connections to each of the two databases.
+    workers, replicas = int(args["workers"]), deployment["spec"]["replicas"]
+    per_engine = int(env["MLFLOW_SQLALCHEMYSTORE_POOL_SIZE"]["value"]) + int(
+        env["MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW"]["value"])
+    max_connections = int(next(a.split("=")[1] for a in postgres["args"] if a.startswith("max_connections=")))
+    assert replicas * workers * 2 * per_engine < max_connections, (replicas, workers, per_engine, max_connections)
+    assert replicas >= 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate", "one restarting, one serving"
     service = defined[("Service", "mlflow", "mlflow")]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP", "MLflow stays inside the cluster"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= {p["name"] for p in container["ports"]}
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    for spec in (pod, database["spec"]["template"]["spec"]):
+        assert spec["securityContext"]["runAsNonRoot"] is True
+    # Only the MLflow server reaches the database.
+    policy = defined[("NetworkPolicy", "mlflow", "mlflow-postgres")]["spec"]
+    assert policy["podSelector"]["matchLabels"] == database["spec"]["selector"]["matchLabels"]
+    assert [rule["from"] for rule in policy["ingress"]] == [[{"podSelector": {"matchLabels": deployment["spec"][
+        "selector"]["matchLabels"]}}]]
 
 
 @pytest.mark.slow
-def test_mlflow_server_runs_as_the_manifest_and_its_header_say(tmp_path, monkeypatch):
-    """The manifest's command, ini file and env (Secrets filled in) start a server; the header's curl makes a user.
+def test_mlflow_server_runs_as_the_manifest_and_its_header_say(postgres, tmp_path, monkeypatch):
+    """The manifest's command, ini file and env (Secrets filled in) start a server on PostgreSQL; the header's
+    deploy/mlflow_users.py steps make the team's logins.
 
-    Only what exists in the cluster alone changes: the volume becomes a directory, the bucket a directory,
-    the port a free one. The user logs in, writes a run with an artifact through the server's proxy, and
-    the server answers the Service's host name and refuses others.
+    Only what exists in the cluster alone changes: the database's host and user become the test's
+    PostgreSQL, the bucket a directory, the port a free one. A person logs in, writes a run with an
+    artifact through the server's proxy; the server answers the Service's host name and refuses others.
     """
     import secrets
-    import shutil
 
     from mlflow.tracking import MlflowClient
 
-    if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
-    # The image (-full) has MLflow's auth extra; a development environment may lack it.
-    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs mlflow[auth] (Flask-WTF)")
     defined = defined_objects()
     deployment = defined[("Deployment", "mlflow", "mlflow")]
     container = mlflow_container(deployment)
-    data, artifacts, port = tmp_path / "data", tmp_path / "artifacts", free_port()
-    data.mkdir()
+    local_db = f"{postgres.user}@127.0.0.1:{postgres.port}"
+    for name in ("mlflow", "mlflow_auth"):  # what the StatefulSet's first start makes
+        postgres.database(name)
+    artifacts, port = tmp_path / "artifacts", free_port()
     ini = tmp_path / "basic_auth.ini"
     ini.write_text(defined[("ConfigMap", "mlflow", "mlflow-auth-config")]["data"]["basic_auth.ini"]
-                   .replace("/mlflow/data", str(data)))
+                   .replace(SERVICE_DB, local_db))
     swaps = {"--host": "127.0.0.1", "--port": str(port), "--artifacts-destination": str(artifacts)}
-    args = [f"{a.split('=')[0]}={swaps[a.split('=')[0]]}" if a.split("=")[0] in swaps
-            else a.replace("/mlflow/data", str(data)) for a in container["args"]]
-    admin_password, user_password = secrets.token_hex(16), secrets.token_hex(16)
-    filled = {"admin-password": admin_password, "flask-secret-key": secrets.token_hex(16)}
-    env = {e["name"]: e["value"] if "value" in e else filled[e["valueFrom"]["secretKeyRef"]["key"]]
+    args = [f"{a.split('=')[0]}={swaps[a.split('=')[0]]}" if a.split("=")[0] in swaps else a
+            for a in container["args"]]
+    admin_password = secrets.token_hex(16)
+    filled = {("mlflow-auth", "admin-password"): admin_password, ("mlflow-auth", "flask-secret-key"):
+              secrets.token_hex(16), ("mlflow-postgres", "password"): postgres.password}
+    env = {e["name"]: e["value"] if "value" in e else filled[(e["valueFrom"]["secretKeyRef"]["name"],
+                                                              e["valueFrom"]["secretKeyRef"]["key"])]
            for e in container["env"]}
-    env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
-    env["HOME"] = str(tmp_path)
+    env["MLFLOW_BACKEND_STORE_URI"] = env["MLFLOW_BACKEND_STORE_URI"].replace(SERVICE_DB, local_db)
+    env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), HOME=str(tmp_path))
     log = open(tmp_path / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "mlflow", "server", *args], cwd=tmp_path,
                                env={**_clean_env(), **env}, stdout=log, stderr=subprocess.STDOUT,
@@ -93,24 +125,30 @@ def test_mlflow_server_runs_as_the_manifest_and_its_header_say(tmp_path, monkeyp
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", 300, process)
-        # The header's own command, with its variables set and the port-forward's port swapped.
-        curl = next(line for line in header(KUBERAY / "mlflow.yaml").splitlines() if line.startswith("curl "))
-        subprocess.run(["bash", "-c", curl.replace("127.0.0.1:5000", f"127.0.0.1:{port}")], check=True,
-                       env={**_clean_env(), "MLFLOW_ADMIN_PASSWORD": admin_password,
-                            "NMT_MLFLOW_PASSWORD": user_password}, capture_output=True, timeout=60)
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "nmt")
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", user_password)
+        # The header's own login steps, run as its admin with the port-forward's port swapped.
+        passwords = {}
+        for line in header(KUBERAY / "mlflow.yaml").splitlines():
+            if line.startswith("python deploy/mlflow_users.py"):
+                passwords[line.split()[5]] = secrets.token_hex(12)
+                subprocess.run([sys.executable, *line.replace("127.0.0.1:5000", f"127.0.0.1:{port}").split()[1:],
+                                "--password-file", "-"], input=passwords[line.split()[5]] + "\n", text=True,
+                               check=True, cwd=ROOT, capture_output=True, timeout=120,
+                               env={**_clean_env(), "MLFLOW_TRACKING_USERNAME": "admin",
+                                    "MLFLOW_TRACKING_PASSWORD": admin_password})
+        assert {"alice", "serving", "promoter"} <= set(passwords)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", passwords["alice"])
         client = MlflowClient(uri)
         run = client.create_run(client.create_experiment("deploy-check"))
         (tmp_path / "note.txt").write_text("through the proxy")
         client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
         assert [p.name for p in artifacts.rglob("note.txt")], "the artifact did not reach the artifact store"
-        assert _status(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", "nmt", "wrong-password") == 401
-        service_host = "mlflow.mlflow.svc.cluster.local:5000"
-        assert _status(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", "nmt", user_password,
-                       host=service_host) == 200
-        assert _status(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", "nmt", user_password,
-                       host="attacker.example:5000") == 403
+        search = f"{uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        assert _status(search, "alice", "wrong-password") == 401
+        assert _status(search, "alice", passwords["alice"], host="mlflow.mlflow.svc.cluster.local:5000") == 200
+        assert _status(search, "alice", passwords["alice"], host="attacker.example:5000") == 403
+        with postgres.connect("mlflow") as conn:  # the run is in PostgreSQL
+            assert conn.execute("SELECT count(*) FROM runs WHERE run_uuid = %s", (run.info.run_id,)).fetchone()[0]
     finally:
         stop_process(process)
         log.close()

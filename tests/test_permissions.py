@@ -95,8 +95,8 @@ def test_a_read_permission_cannot_register_move_the_alias_or_write_to_anothers_e
 
 def test_serving_works_with_the_read_only_login_and_can_change_nothing(team):
     from pipeline.config import load_config
+    from pipeline.serve.app import app_for
     from pipeline.serve.commands import load_engine
-    from pipeline.serve.service import app_for
 
     server = team.server
     with environment(**login(server, "serving")):

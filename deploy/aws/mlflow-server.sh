@@ -2,7 +2,8 @@
 # The team's MLflow server on one EC2 instance: user data for Amazon Linux 2023, run once as root at
 # the instance's first boot (deploy/aws/README.md, step 3, launches the instance with it).
 #
-# MLflow's release image in Docker (the one deploy/kuberay/mlflow.yaml runs) with its basic-auth app:
+# The tracking server's image in Docker (deploy/mlflow.Dockerfile, pushed to ECR in step 2; the one
+# deploy/kuberay/mlflow.yaml runs) with its basic-auth app and the PostgreSQL driver psycopg 3:
 # runs, the model registry and the logins in PostgreSQL on the RDS instance nmt-mlflow (databases
 # mlflow and mlflow_auth, owned by the database user mlflow), artifacts in the bucket under
 # mlflow-artifacts/, port 5000 (the instance's security group admits the VPC only). Docker restarts
@@ -17,7 +18,8 @@ set -euo pipefail
 shopt -s inherit_errexit  # a failing command inside $(...) stops the script too
 
 BUCKET=YOUR-BUCKET
-IMAGE=ghcr.io/mlflow/mlflow:v3.17.2-full
+REGISTRY=123456789012.dkr.ecr.us-west-2.amazonaws.com
+IMAGE=$REGISTRY/nmt-mlflow:3.17.2
 DB_INSTANCE=nmt-mlflow
 PARAMETERS=/nmt/mlflow/server
 HOSTS="mlflow.internal:5000,localhost:*,127.0.0.1:*"   # Host headers it answers: the nodes' name, port forwards
@@ -29,6 +31,7 @@ export AWS_DEFAULT_REGION
 
 dnf install -y docker
 systemctl enable --now docker
+aws ecr get-login-password | docker login --username AWS --password-stdin "$REGISTRY"
 docker pull "$IMAGE"
 
 umask 077
@@ -58,33 +61,38 @@ DB_PASSWORD=$db_password docker run --rm -i --network host \
     -e PGHOST -e PGUSER -e PGPASSWORD -e PGDATABASE -e PGSSLMODE -e DB_PASSWORD "$IMAGE" python - <<'EOF'
 import os
 
-import psycopg2
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
-connection = psycopg2.connect()  # from the PG* variables
-connection.autocommit = True
-cursor = connection.cursor()
-cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = 'mlflow'")
-verb = "ALTER" if cursor.fetchone() else "CREATE"
-cursor.execute(sql.SQL(verb + " ROLE mlflow LOGIN PASSWORD {}").format(sql.Literal(os.environ["DB_PASSWORD"])))
-cursor.execute("GRANT mlflow TO CURRENT_USER")  # RDS's master is no superuser: it may then hand databases over
+connection = psycopg.connect(autocommit=True)  # from the PG* variables
+exists = connection.execute("SELECT 1 FROM pg_roles WHERE rolname = 'mlflow'").fetchone()
+verb = "ALTER" if exists else "CREATE"
+connection.execute(sql.SQL(verb + " ROLE mlflow LOGIN PASSWORD {}").format(sql.Literal(os.environ["DB_PASSWORD"])))
+connection.execute("GRANT mlflow TO CURRENT_USER")  # RDS's master is no superuser: it may then hand databases over
 for name in ("mlflow", "mlflow_auth"):
-    cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-    if not cursor.fetchone():
-        cursor.execute(sql.SQL("CREATE DATABASE {} OWNER mlflow").format(sql.Identifier(name)))
+    if not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+        connection.execute(sql.SQL("CREATE DATABASE {} OWNER mlflow").format(sql.Identifier(name)))
 EOF
 unset master_password
 
-# The server's settings: readable by root and the container's user only.
+# The server's settings: readable by root and the container's user only. The database password is in
+# PGPASSWORD (libpq reads it), in no URI. Sizing as deploy/tracking-server.md says: a worker per CPU
+# (the t3.small has 2), each with a pool of 5 (+10) connections per database, a login cached 60 s.
 cat > /etc/mlflow/basic_auth.ini <<EOF
 [mlflow]
 default_permission = READ
-database_uri = postgresql://mlflow:$db_password@$db_host:5432/mlflow_auth?sslmode=require
+database_uri = postgresql+psycopg://mlflow@$db_host:5432/mlflow_auth?sslmode=require
 admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = 60
 EOF
 cat > /etc/mlflow/env <<EOF
-MLFLOW_BACKEND_STORE_URI=postgresql://mlflow:$db_password@$db_host:5432/mlflow?sslmode=require
+MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://mlflow@$db_host:5432/mlflow?sslmode=require
+PGPASSWORD=$db_password
+MLFLOW_SQLALCHEMYSTORE_POOL_SIZE=5
+MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=10
+MLFLOW_SQLALCHEMYSTORE_POOL_RECYCLE=1800
+MLFLOW_DISABLE_TELEMETRY=true
 MLFLOW_AUTH_CONFIG_PATH=/etc/mlflow/basic_auth.ini
 MLFLOW_AUTH_ADMIN_PASSWORD=$admin_password
 MLFLOW_FLASK_SERVER_SECRET_KEY=$flask_key
@@ -97,5 +105,5 @@ chown -R 10001:10001 /etc/mlflow
 # instance metadata service like the host does).
 docker run -d --name mlflow --restart unless-stopped --network host --user 10001:10001 \
     --env-file /etc/mlflow/env -v /etc/mlflow:/etc/mlflow:ro "$IMAGE" \
-    mlflow server --host 0.0.0.0 --port 5000 --app-name basic-auth \
+    mlflow server --host 0.0.0.0 --port 5000 --workers 2 --app-name basic-auth \
     --artifacts-destination "s3://$BUCKET/mlflow-artifacts" --allowed-hosts "$HOSTS"
