@@ -88,6 +88,7 @@ def node_samples(node: str, step: int, now: float) -> list[dict]:
 
 def run_trial(spec: dict, target, parent_id: str, index: int, delay_s: float) -> dict:
     """One trial's tracking, start to end; what its metric logger queued and sent."""
+    from pipeline.common.messages import Report
     from pipeline.config import config_from_dict
     from pipeline.track import reports, tracking
 
@@ -112,14 +113,14 @@ def run_trial(spec: dict, target, parent_id: str, index: int, delay_s: float) ->
                 for _ in range(spec["rows_per_report"]):
                     step += spec["log_every"]
                     rows.append(progress_row(step, now - (spec["rows_per_report"] - len(rows)) * 0.5, rng))
-                report = rows[-1] | {tracking.PROGRESS_KEY: rows[:-1], tracking.NODE_KEY: node_samples(
-                    f"node-{index % 64:02x}", step, now)}
+                values = dict(rows[-1])
                 if number % spec["validate_every"] == 0 or number == spec["reports"]:
                     bleu = 30 * (1 - math.exp(-number / 5)) + rng.random()
                     best = max(best, bleu)
-                    report.update(val_loss=2.0 / number, val_bleu=bleu, val_chrf=bleu * 1.8)
-                report[tracking.FINAL_KEY] = number == spec["reports"]
-                callback.after_report(None, [report], None)
+                    values.update(val_loss=2.0 / number, val_bleu=bleu, val_chrf=bleu * 1.8)
+                report = Report(values, tuple(rows[:-1]), number == spec["reports"],
+                                tuple(node_samples(f"node-{index % 64:02x}", step, now)))
+                callback.after_report(None, [report.to_metrics()], None)  # what Ray Train hands the callback
             reports.log_best(run, best, step)
             run.end_tags["best_val_bleu"] = f"{best:.2f}"
         error = ""
@@ -159,7 +160,7 @@ def sweep_process(spec: dict, out: str) -> None:
     Path(out).write_text(json.dumps({"trials": trials, "requests": record, "errors": errors}))
 
 
-def start_server(store: str, root: Path, postgres, workers: int):
+def start_server(store: str, root: Path, postgres, workers: int, auth_cache_s: int = 60):
     """A fresh `mlflow server --app-name basic-auth` on a fresh store of this kind."""
     from servers import MlflowServer
 
@@ -168,7 +169,8 @@ def start_server(store: str, root: Path, postgres, workers: int):
     else:
         name = f"load_{root.name[-8:].lower()}"
         backend, auth = postgres.database(name), postgres.database(f"{name}_auth")
-    return MlflowServer(root, backend, auth=True, auth_backend=auth, workers=workers, env=SERVER_ENV)
+    return MlflowServer(root, backend, auth=True, auth_backend=auth, workers=workers, env=SERVER_ENV,
+                        auth_cache_s=auth_cache_s)
 
 
 def read_back(server_uri: str, trials: list[dict]) -> dict:
@@ -206,7 +208,7 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"nmt-load-{store}-"))
     persons = {f"person{p}": secrets.token_urlsafe(12) for p in range(args.processes)}
     promoter_password = secrets.token_urlsafe(12)
-    with start_server(store, root, postgres, args.workers) as server:
+    with start_server(store, root, postgres, args.workers, args.auth_cache_s) as server:
         with server.admin():
             for name, password in {**persons, "promoter": promoter_password}.items():
                 create_user(server.uri, name, password)
@@ -276,6 +278,8 @@ def main() -> None:
     parser.add_argument("--report-interval-s", type=float, default=10.0, help="train.report_interval_s")
     parser.add_argument("--rows-per-report", type=int, default=10, help="progress lines per report")
     parser.add_argument("--ramp-s", type=float, default=30.0, help="trials start spread over this long")
+    parser.add_argument("--auth-cache-s", type=int, default=60,
+                        help="how long the server caches a verified login (0: the password hash checked every request)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     from servers import PostgresCluster
@@ -293,6 +297,7 @@ def main() -> None:
                 print(json.dumps(level), file=sys.stderr, flush=True)
                 levels.append(level)
     result = {"benchmark": "tracking_load", "mlflow": _version("mlflow"), "server_workers": args.workers,
+              "auth_cache_s": args.auth_cache_s,
               "server_env": SERVER_ENV, "client_processes": args.processes, "trial_seconds": args.duration_s,
               "report_interval_s": args.report_interval_s, "rows_per_report": args.rows_per_report,
               "ramp_s": args.ramp_s, "cpus": os.cpu_count(), "levels": levels}

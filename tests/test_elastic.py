@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.common.messages import NODE_KEY, Report
 from pipeline.config import ConfigError, load_config
 from pipeline.text.tokenizer import PAD_ID
-from pipeline.track import reports, tracking
+from pipeline.track import reports
 from pipeline.train import elastic
 from pipeline.train.epoch_plan import NO_EXAMPLES, EpochData, pack
 from pipeline.train.loop import Progress
@@ -159,16 +160,17 @@ def test_preemption_checks_come_at_the_same_updates_on_every_rank_about_every_ch
 
 
 def test_preemption_restart_tags_node_metrics_and_no_nan_reach_mlflow():
-    report = {"step": 12, "time": 1.0, "val_bleu": math.nan, "world_size": 1,
-              tracking.PROGRESS_KEY: [{"step": 11, "time": 0.5, "train_loss": 2.0, "world_size": 1,
-                                       "resumed_from_step": 10, "restarts": 1, "restart_cause": "preemption",
-                                       "restart_from_workers": 2}]}
+    report = Report({"step": 12, "time": 1.0, "val_bleu": math.nan, "world_size": 1},
+                    ({"step": 11, "time": 0.5, "train_loss": 2.0, "world_size": 1, "resumed_from_step": 10,
+                      "restarts": 1, "restart_cause": "preemption", "restart_from_workers": 2},))
     assert reports.restart_tags(report) == {"restart.1": "preemption at step 10, 2 -> 1 workers"}
     keys = {m.key for m in reports.metric_entries(report)}
     assert "val_bleu" not in keys and {"train_loss", "world_size", "resumed_from_step"} <= keys
-    ranks = [{tracking.NODE_KEY: [{"time": 2.0, "step": 12, "system/node-a/cpu_utilization_percentage": 50.0}]},
-             {tracking.NODE_KEY: [{"time": 2.5, "step": 12, "system/node-b/cpu_utilization_percentage": 70.0}]}]
-    entries = reports.node_metric_entries(ranks)
+    ranks = [Report.from_metrics({NODE_KEY: [{"time": 2.0, "step": 12, "system/node-a/cpu_utilization_percentage":
+                                                50.0}]}),
+             Report.from_metrics({NODE_KEY: [{"time": 2.5, "step": 12, "system/node-b/cpu_utilization_percentage":
+                                                70.0}]})]
+    entries = reports.node_metric_entries([sample for rank in ranks for sample in rank.node_samples])
     assert {(m.key, m.value, m.step, m.timestamp) for m in entries} == {
         ("system/node-a/cpu_utilization_percentage", 50.0, 12, 2000),
         ("system/node-b/cpu_utilization_percentage", 70.0, 12, 2500)}
@@ -285,8 +287,8 @@ def test_tokens_per_update_counts_the_updates_of_a_line_that_spans_an_epoch_end(
     """A progress window across an epoch boundary divides its tokens by all of its updates."""
     from small import small_config
 
+    from pipeline.common.messages import EARLIER_KEY
     from pipeline.data.prepare import prepare
-    from pipeline.track.tracking import PROGRESS_KEY
     from pipeline.train.loop import train_loop
     from pipeline.train.workers import TorchrunContext
 
@@ -297,7 +299,7 @@ def test_tokens_per_update_counts_the_updates_of_a_line_that_spans_an_epoch_end(
 
         def report(self, metrics, checkpoint_dir=None):
             super().report(metrics, checkpoint_dir)
-            self.lines += [*metrics.get(PROGRESS_KEY, []), metrics]
+            self.lines += [*metrics.get(EARLIER_KEY, []), metrics]
 
     cfg = small_config(tmp_path, "train.max_steps=60", "train.max_tokens=4096", "train.val_interval=1000",
                        "train.log_every=10", "train.report_interval_s=0", "train.epochs=100")

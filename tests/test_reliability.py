@@ -15,6 +15,7 @@ from logs import leaks
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir, small_config
 
+from pipeline.common.messages import Report
 from pipeline.train.driver import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -121,9 +122,9 @@ def test_a_run_ending_while_its_server_restarts_is_finished_and_its_last_metrics
                 restarter.start()
                 while "at" not in stopped:
                     time.sleep(0.1)
-                logger.log({"step": 1, "time": time.time(), "train_loss": 2.0})  # kept: the server is down
+                logger.log(Report({"step": 1, "time": time.time(), "train_loss": 2.0}))  # kept: the server is down
                 assert len(logger.pending) == 1 and logger.backoff_s >= 1.0
-                logger.log({"step": 2, "time": time.time(), "train_loss": 1.0, "final": True})  # waits for it
+                logger.log(Report({"step": 2, "time": time.time(), "train_loss": 1.0}, final=True))  # waits for it
                 assert not logger.pending and stopped.get("back")
                 restarter.join(timeout=60)
                 run.end_tags["note"] = "ended"
@@ -187,13 +188,13 @@ def test_a_server_that_refuses_under_load_gets_the_metrics_later_with_a_growing_
             backoffs = []
             for step in range(1, 4):
                 logger.next_try = 0.0  # as if the backoff had passed: each report tries, and is refused
-                logger.log({"step": step, "time": 1_700_000_000.0 + step, "train_loss": 10.0 - step})
+                logger.log(Report({"step": step, "time": 1_700_000_000.0 + step, "train_loss": 10.0 - step}))
                 backoffs.append(logger.backoff_s)
             assert len(logger.pending) == 3 and backoffs == [1.0, 2.0, 4.0]
-            logger.log({"step": 4, "time": 1_700_000_004.0, "train_loss": 6.0})  # inside the backoff: not tried
+            logger.log(Report({"step": 4, "time": 1_700_000_004.0, "train_loss": 6.0}))  # inside the backoff: not tried
             assert len(logger.pending) == 4
             refusing["on"] = False
-            logger.log({"step": 5, "time": 1_700_000_005.0, "train_loss": 5.0, "final": True})
+            logger.log(Report({"step": 5, "time": 1_700_000_005.0, "train_loss": 5.0}, final=True))
             history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.timestamp)
             assert [(m.step, m.value) for m in history] == [(s, 10.0 - s) for s in range(1, 6)]
     finally:

@@ -13,6 +13,7 @@ import pytest
 from conftest import environment, free_port
 from mlflow.tracking import MlflowClient
 
+from pipeline.common.messages import EARLIER_KEY, FINAL_KEY, Report
 from pipeline.track import login, provenance, reports, target, tracking
 
 
@@ -21,16 +22,15 @@ def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("paced")).info.run_id
     earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
-    reports.MetricLogger(tracking.Run(uri, run_id)).log({
-        "step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5, "averaged": 2,
-        tracking.PROGRESS_KEY: earlier, tracking.FINAL_KEY: False})
+    reports.MetricLogger(tracking.Run(uri, run_id)).log(Report(
+        {"step": 20, "train_loss": 5.0, "val_bleu": 1.5, "param_checksum": 41.5, "averaged": 2}, tuple(earlier)))
     history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 0.0), (15, -5.0), (20, 5.0)]
     assert [m.timestamp for m in history[:3]] == [1_700_000_005_000, 1_700_000_010_000, 1_700_000_015_000]
     # The averaged checkpoint's scores are charts of their own: a learning curve ends with the run's own model.
     assert not client.get_metric_history(run_id, "val_bleu")
     assert [m.step for m in client.get_metric_history(run_id, "val_bleu_averaged")] == [20]
-    internal = {"time", "step", "param_checksum", "averaged", tracking.PROGRESS_KEY, tracking.FINAL_KEY}
+    internal = {"time", "step", "param_checksum", "averaged", EARLIER_KEY, FINAL_KEY}
     assert not internal & set(client.get_run(run_id).data.metrics)  # no charts of the loop's own checks
 
 
@@ -64,11 +64,11 @@ def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_s
     metric_logger.FINAL_WAIT_S = 3.0
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         start = time.monotonic()
-        metric_logger.log({"step": 5, "train_loss": 1.0})
+        metric_logger.log(Report({"step": 5, "train_loss": 1.0}))
         assert time.monotonic() - start < 2.5  # a report during training never waits for the store
         assert len(metric_logger.pending) == 1 and "training goes on" in caplog.text
         start = time.monotonic()
-        metric_logger.log({"step": 10, "train_loss": 0.5, tracking.FINAL_KEY: True})
+        metric_logger.log(Report({"step": 10, "train_loss": 0.5}, final=True))
         assert time.monotonic() - start >= 3.0  # the last one retried for FINAL_WAIT_S
     assert "did not answer within 3s after training: 2 metric values were not logged" in caplog.text
 
@@ -246,7 +246,7 @@ def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, capl
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with caplog.at_level(logging.WARNING, logger="pipeline"):  # MLflow's message names the URL it asked
         reports.MetricLogger(tracking.Run(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32)).log(
-            {"step": 5, "loss": 1.0})
+            Report({"step": 5, "loss": 1.0}))
     assert "cannot log metrics to http://alice:***@127.0.0.1" in caplog.text and "s3cret" not in caplog.text
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with tracking.mlflow_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"}) as run:

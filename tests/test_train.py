@@ -10,8 +10,8 @@ from small import small_config
 from model import cooldown_factor, transformer_lr
 from pipeline.common import checkpoint
 from pipeline.common.errors import UserError
+from pipeline.common.messages import EARLIER_KEY, FINAL_KEY, NODE_KEY
 from pipeline.data.prepare import prepare
-from pipeline.track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from pipeline.train.driver import train
 from pipeline.train.loop import train_loop
 from pipeline.train.workers import TorchrunContext
@@ -71,7 +71,7 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
     straight_run = StopAfter(tmp_path / "straight")
     train_loop(loop_config, straight_run)
     # Eq. 3 for the first half of the run, then falling linearly to 0 at its last update.
-    rows = [row for report in straight_run.reports for row in [*report[PROGRESS_KEY], report]]
+    rows = [row for report in straight_run.reports for row in [*report[EARLIER_KEY], report]]
     end = rows[-1]["step"]
     for row in rows:
         expected = transformer_lr(row["step"] + 1, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale) \
@@ -86,8 +86,8 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
     # run's first report carries the checkpoint's report again, values and timestamps unchanged (not the
     # node's system-metric samples, which each report carries once).
     last = stopped.reports[-1]
-    own = {k: v for k, v in last.items() if k not in (PROGRESS_KEY, FINAL_KEY, NODE_KEY)}
-    assert again.reports[0][PROGRESS_KEY][:len(last[PROGRESS_KEY]) + 1] == [*last[PROGRESS_KEY], own]
+    own = {k: v for k, v in last.items() if k not in (EARLIER_KEY, FINAL_KEY, NODE_KEY)}
+    assert again.reports[0][EARLIER_KEY][:len(last[EARLIER_KEY]) + 1] == [*last[EARLIER_KEY], own]
     straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
     resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])
     assert straight["progress"]["step"] == resumed["progress"]["step"] > 14

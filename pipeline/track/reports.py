@@ -8,14 +8,15 @@ from typing import Any
 
 from ..common import log
 from ..common.environment import set_for_process
+from ..common.messages import INTERNAL_KEYS, STEP_KEYS, Report
 from .login import redact
 from .target import TrackingTarget
-from .tracking import FINAL_KEY, INTERNAL_KEYS, NODE_KEY, PROGRESS_KEY, STEP_KEYS, Run
+from .tracking import Run
 
 logger = log.get("mlflow")
 
 
-def metric_entries(report: dict[str, Any]) -> list:
+def metric_entries(report: Report) -> list:
     """The numeric values of a report, and of the earlier progress values it carries, at their steps and times."""
     import time
 
@@ -25,7 +26,7 @@ def metric_entries(report: dict[str, Any]) -> list:
     # NaN marks a value that does not exist (the val_bleu of a checkpoint taken on a preemption notice).
     return [mlflow.entities.Metric(_chart_name(k, row), float(v), int(row.get("time", now) * 1000),
                                    int(row.get("step", 0)))
-            for row in [*report.get(PROGRESS_KEY, ()), report] for k, v in row.items()
+            for row in report.rows() for k, v in row.items()
             if k not in STEP_KEYS + INTERNAL_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v)]
 
@@ -36,25 +37,25 @@ def _chart_name(key: str, row: dict[str, Any]) -> str:
     return f"{key}_averaged" if "averaged" in row and key.startswith("val_") else key
 
 
-def node_metric_entries(reports: list[dict[str, Any]]) -> list:
-    """The node samples (system/<node>/<metric>) that the ranks' reports carry, at their steps and times."""
+def node_metric_entries(samples: list[dict[str, float]]) -> list:
+    """Node samples (system/<node>/<metric>, each with its time and step) as metric entries."""
     import mlflow
 
     return [mlflow.entities.Metric(k, float(v), int(sample["time"] * 1000), int(sample.get("step", 0)))
-            for report in reports for sample in report.get(NODE_KEY, ()) for k, v in sample.items()
+            for sample in samples for k, v in sample.items()
             if k not in STEP_KEYS and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def restart_tags(report: dict[str, Any]) -> dict[str, str]:
+def restart_tags(report: Report) -> dict[str, str]:
     """A tag per restart that a report (or its earlier values) tells of: restart.<n> = why, where, how many workers."""
     return {f"restart.{row['restarts']}": f"{row['restart_cause']} at step {row['resumed_from_step']}, "
                                           f"{row['restart_from_workers']} -> {row['world_size']} workers"
-            for row in [*report.get(PROGRESS_KEY, ()), report] if "restart_cause" in row}
+            for row in report.rows() if "restart_cause" in row}
 
 
-def log_metrics(run: Run, metrics: dict[str, Any]) -> None:
-    """Log the numeric metrics of one report at its step."""
-    run.log_entries(metric_entries(metrics))
+def log_metrics(run: Run, values: dict[str, Any]) -> None:
+    """Log numeric values (e.g. an evaluation's scores) at their step."""
+    run.log_entries(metric_entries(Report(values)))
 
 
 def _reason(err: Exception) -> str:
@@ -80,10 +81,10 @@ class MetricLogger:
         self.failing_since: float | None = None
         self.backoff_s, self.next_try = 0.0, 0.0  # no waiting until a send fails
 
-    def log(self, report: dict[str, Any], extra: list | None = None, tags: dict[str, str] | None = None) -> None:
+    def log(self, report: Report, extra: list | None = None, tags: dict[str, str] | None = None) -> None:
         """Queue one report's metrics and send everything queued, unless the backoff says to wait; keep what fails.
 
-        The last report of a run (FINAL_KEY) keeps trying, backing off, for up to FINAL_WAIT_S: training
+        The last report of a run (Report.final) keeps trying, backing off, for up to FINAL_WAIT_S: training
         is over, and nothing after it would deliver what is still queued.
         """
         import time
@@ -97,7 +98,7 @@ class MetricLogger:
         if len(self.pending) > self.MAX_PENDING:
             self.dropped += len(self.pending) - self.MAX_PENDING
             del self.pending[: len(self.pending) - self.MAX_PENDING]
-        final = bool(report.get(FINAL_KEY))
+        final = report.final
         if not final and time.monotonic() < self.next_try:
             return
         deadline = time.monotonic() + (self.FINAL_WAIT_S if final else 0.0)
@@ -191,11 +192,13 @@ def report_callback(run: Run, target: TrackingTarget, system_metrics_s: float = 
                 self._start()
                 self.started = True
             if metrics:  # rank 0's report for the run's metrics; every rank's for its node's system metrics
-                report = metrics[0]
-                self.step = int(report.get("step", self.step))
-                own = node_metric_entries([{NODE_KEY: self.sampler.drain()}]) if self.sampler else []
-                if report.get(FINAL_KEY) and self.sampler is not None:
+                ranks = [Report.from_metrics(m) for m in metrics]
+                report = ranks[0]
+                self.step = int(report.values.get("step", self.step))
+                samples = [*(s for rank in ranks for s in rank.node_samples), *(self.sampler.drain() if self.sampler
+                                                                               else ())]
+                if report.final and self.sampler is not None:
                     self.sampler.stop.set()
-                self.logger.log(report, extra=[*node_metric_entries(metrics), *own], tags=restart_tags(report))
+                self.logger.log(report, extra=node_metric_entries(samples), tags=restart_tags(report))
 
     return MLflowReportCallback()

@@ -20,12 +20,6 @@ logger = log.get("mlflow")
 
 RUN_NAME_TAG = "nmt.run_name"  # finds a run again on resume instead of creating a duplicate
 TRIAL_TAG = "nmt.trial_id"  # a trial's child run, found again from Tune's results
-STEP_KEYS = ("step", "time")  # where a report's values belong, not values themselves
-# Report values for the loop's own checks (replicas in sync, checkpoints averaged): not metrics to chart.
-INTERNAL_KEYS = ("param_checksum", "averaged")
-PROGRESS_KEY = "progress_values"  # a report's earlier progress values (each a dict with step and time)
-FINAL_KEY = "final"  # True on a run's last report: metrics still held back must reach MLflow now
-NODE_KEY = "node_metrics"  # any rank's report: samples of its node's system metrics, [{time, step, name: value}]
 def artifact_location(uri: str) -> str | None:
     """Where a new experiment keeps artifacts: with an SQLite store, mlruns/ beside the database.
 

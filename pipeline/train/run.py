@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..common import log, storage
 from ..common.cluster import ensure_ray
 from ..common.environment import default_for_process
+from ..common.messages import LoopArgs, ParentInit
 from ..config import Config
 from ..data.manifest import Manifest
 from ..data.prepare import prepare
@@ -51,9 +52,9 @@ class RunSetup:
         """The tracking URI (without a login)."""
         return self.target.uri
 
-    def init(self) -> dict | None:
+    def init(self) -> ParentInit | None:
         """What the training loop needs to start from the parent: where its weights are, what it is."""
-        return {"path": self.init_path, "described": self.parent.described} if self.parent else None
+        return ParentInit(self.init_path, self.parent.described) if self.parent else None
 
 
 def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], None] | None = None,
@@ -97,7 +98,7 @@ def tracked_run(setup: RunSetup, cfg: Config, source: str, name: str, params: di
 
 
 def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: str,
-                  callbacks: list | None = None, init: dict | None = None):
+                  callbacks: list | None = None, init: ParentInit | None = None):
     """A TorchTrainer for cfg: the single code path of `nmt train` and of every Tune trial.
 
     init (RunSetup.init()): the parent model's staged weights, when fine-tuning.
@@ -134,8 +135,7 @@ def build_trainer(cfg: Config, manifest: Manifest, run_name: str, storage_path: 
     )
     # Ray's Train state API shows train_loop_config: no login of a URI in it (workers never log to MLflow).
     # attempt: this fit's id, so that a checkpoint tells the loop whether a resume is a new command's.
-    loop_config = redacted({"config": cfg.to_dict(), "data_path": manifest.path, "log_level": log.level(),
-                                     "init": init, "attempt": uuid.uuid4().hex})
+    loop_config = redacted(LoopArgs(cfg.to_dict(), manifest.path, log.level(), uuid.uuid4().hex, init).to_dict())
     return TorchTrainer(train_loop, train_loop_config=loop_config,
                         scaling_config=scaling, run_config=run_config)
 

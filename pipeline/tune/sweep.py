@@ -7,21 +7,22 @@ TuneReportCallback and to the trial's MLflow child run through our own callback.
 
 from __future__ import annotations
 
-import math
 import os
 import posixpath
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..common import log, storage
 from ..common.errors import UserError
+from ..common.messages import ParentInit, Report
 from ..config import Config, config_from_dict
 from ..track import reports, tracking
 from ..track.provenance import person
 from ..track.publish import dataset_inputs, publish
-from ..track.target import resolve
+from ..track.target import TrackingTarget, resolve
 from ..train.run import RunSetup, build_trainer, fit_interrupts, prepare_run, tracked_run
 from .search_space import apply, base_point, grid_size, largest, load_space, to_tune
 from .state_seal import sealed_filesystem
@@ -55,41 +56,54 @@ def _validation_reports():
     class ValidationReports(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             # Validations only: progress values went to MLflow, and a preemption checkpoint's val_bleu is NaN.
-            if metrics and math.isfinite(metrics[0].get("val_bleu", math.nan)):
-                report = {k: v for k, v in metrics[0].items()
-                          if k not in (tracking.PROGRESS_KEY, tracking.FINAL_KEY, tracking.NODE_KEY)}
-                super().after_report(run_context, [report], checkpoint)
+            if metrics and (report := Report.from_metrics(metrics[0])).validated():
+                super().after_report(run_context, [report.values], checkpoint)
 
     return ValidationReports()
 
 
-def run_trial(params: dict[str, Any], setup: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a sweep starts from (pickled to the trial's actor, on any node)."""
+
+    base: dict[str, Any]  # the sweep's config tree as a plain dict; a trial applies its sampled values to it
+    data_path: str  # the prepared dataset
+    target: TrackingTarget  # the driver's tracking URI and login: the trial's node has its own environment
+    experiment: str
+    parent_run_id: str  # the sweep's MLflow run, which each trial's run nests under
+    sweep: str  # the sweep's name
+    train_storage: str  # where the trials' Ray Train runs keep their checkpoints
+    log_level: int
+    init: ParentInit | None  # the parent model, when fine-tuning
+
+
+def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     """One trial: the base config plus the sampled values, trained by the same TorchTrainer as `nmt train`."""
     from ray import tune
 
     from ..data.manifest import load_manifest
 
-    log.setup(setup["log_level"])  # a Ray actor of its own: its trial's workers log at the driver's level
-    target = setup["target"]
+    log.setup(setup.log_level)  # a Ray actor of its own: its trial's workers log at the driver's level
+    target = setup.target
     target.activate()  # a Ray actor of its own, with its node's environment: the driver's login goes with it
     trial_id = tune.get_context().get_trial_id()
-    cfg, problem = apply(config_from_dict(setup["base"]), params)
-    tags = {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup["sweep"],
+    cfg, problem = apply(config_from_dict(setup.base), params)
+    tags = {tracking.TRIAL_TAG: trial_id, "nmt.kind": "trial", "nmt.sweep": setup.sweep,
             **{f"param.{k}": str(v) for k, v in params.items()}}
     # A trial ASHA stops leaves its run RUNNING or FAILED (whichever Tune's stop breaks first): summarize(),
     # which sees Tune found no error in it, marks it stopped early.
-    with tracking.mlflow_run(setup["uri"], setup["experiment"], f"{setup['sweep']}-{trial_id}", cfg.flat(), tags,
-                             parent_run_id=setup["parent_run_id"], source="nmt tune (trial)",
+    with tracking.mlflow_run(target.uri, setup.experiment, f"{setup.sweep}-{trial_id}", cfg.flat(), tags,
+                             parent_run_id=setup.parent_run_id, source="nmt tune (trial)",
                              user=target.username) as child:
         if problem:  # e.g. heads that do not divide d_model: a clean rejection, not a crashed trial
             child.end_status, child.end_tags = "KILLED", {"rejected": problem}
         else:
-            manifest = load_manifest(setup["data_path"])
+            manifest = load_manifest(setup.data_path)
             child.log_datasets(dataset_inputs(manifest))  # what the compare view lists per trial
-            trainer = build_trainer(cfg, manifest, trial_id, setup["train_storage"],
+            trainer = build_trainer(cfg, manifest, trial_id, setup.train_storage,
                                     callbacks=[_validation_reports(),
                                                reports.report_callback(child, target, cfg.tracking.system_metrics_s)],
-                                    init=setup["init"])
+                                    init=setup.init)
             trainer.fit()
     if problem:  # after the run has ended: Tune may stop the trial inside this report
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
@@ -203,12 +217,8 @@ def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: track
     """Run (or restore) the Tuner under the parent run, summarize its trials, publish the best one."""
     from ray import tune
 
-    setup = {"base": cfg.to_dict(), "data_path": prepared.manifest.path, "uri": prepared.uri,
-             "experiment": cfg.tracking.experiment, "parent_run_id": parent.id, "sweep": name,
-             "train_storage": f"{path}/train", "log_level": log.level(), "init": prepared.init(),
-             # Trials run on any node, without this process's environment: the tracking target (its login) goes
-             # with them as a value.
-             "target": prepared.target}
+    setup = TrialSetup(cfg.to_dict(), prepared.manifest.path, prepared.target, cfg.tracking.experiment, parent.id,
+                       name, f"{path}/train", log.level(), prepared.init())
     # The trial function only drives its Train run, whose workers hold the CPUs: it reserves no
     # CPU (a bundle cannot be empty, so a little memory stands in).
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"cpu": 0, "memory": 2**26})
