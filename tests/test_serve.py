@@ -1,4 +1,5 @@
-"""The Ray Serve translation service over real HTTP: translations, every bad request's 4xx, a burst, /healthz."""
+"""The Ray Serve translation service over real HTTP, as `nmt serve` runs it: translations, every bad request's
+4xx, a burst, sustained load, /healthz, and Ctrl-C shutting it down (the module's last test)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import http.client
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -13,13 +15,13 @@ import threading
 import time
 
 import pytest
-from conftest import environment, free_port
+from conftest import environment, free_port, stop_process, wait_http
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-PREFIX = "/nmt"
+PREFIX = ""  # `nmt serve` serves at the root
 SENTENCES = ["the dog sees the cat .", "a small child plays in the garden ."]
 
 
@@ -51,25 +53,50 @@ def test_nmt_serve_with_a_missing_model_is_one_line(champion):
     assert "not in the registry" in result.stderr and "Traceback" not in result.stderr
 
 
+LIMITS = {"max_batch_size": 8, "batch_wait_timeout_s": 0.02, "max_ongoing_requests": 2, "max_queued_requests": 2,
+          "request_timeout_s": 90, "max_texts": 4, "max_chars": 200}  # small: a burst overflows them
+
+
+def _wait_for_line(log_path, text: str, timeout_s: float, process) -> None:
+    """Poll the command's log until it prints text; fail if the process exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in log_path.read_text(errors="replace"):
+            return
+        if process.poll() is not None:
+            pytest.fail(f"`nmt serve` exited with {process.returncode} before printing {text!r}")
+        time.sleep(0.5)
+    pytest.fail(f"`nmt serve` did not print {text!r} within {timeout_s:.0f}s")
+
+
 @pytest.fixture(scope="module")
-def service(ray_session, champion):
-    """The champion served in-process under /nmt with small limits, so a burst overflows them."""
-    from ray import serve
+def served(ray_session, champion, tmp_path_factory):
+    """`nmt serve` of the champion in its own process, on the session's Ray instance (a second one costs half
+    a minute on 2 cores), with LIMITS; (port, process, log path). Stopped afterwards if a test has not."""
+    import types
 
-    from pipeline.config import ServeConfig
-    from pipeline.serve.app import app_for
-
-    port = free_port()
-    cfg = ServeConfig(model_uri=f"models:/{champion.model_name}@champion", max_batch_size=8,
-                      batch_wait_timeout_s=0.02, max_ongoing_requests=2, max_queued_requests=2,
-                      request_timeout_s=90, max_texts=4, max_chars=200)
-    quiet = {"log_level": "WARNING"}  # no access log line per request
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
+    port, log_path = free_port(), tmp_path_factory.mktemp("nmt-serve") / "serve.log"
+    command = [sys.executable, "-m", "pipeline", "serve", "--model", f"models:/{champion.model_name}@champion",
+               "--port", str(port), "--address", ray_session.get_runtime_context().gcs_address,
+               "--set", f"tracking.tracking_uri={champion.uri}",
+               *(x for key, value in LIMITS.items() for x in ("--set", f"serve.{key}={value}"))]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                   env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     try:
-        serve.run(app_for(cfg, champion.uri), name="nmt-test", route_prefix=PREFIX, logging_config=quiet)
-        yield port
+        # The URL line is the user's signal that the app is RUNNING; /healthz can answer a moment before
+        # serve.run returns, and a Ctrl-C then would interrupt the start-up instead of the service.
+        _wait_for_line(log_path, f"at http://127.0.0.1:{port}", 240, process)
+        wait_http(f"http://127.0.0.1:{port}/healthz", 30, process)
+        yield types.SimpleNamespace(port=port, process=process, log=log_path)
     finally:
-        serve.shutdown()
+        stop_process(process)
+
+
+@pytest.fixture
+def service(served):
+    """The served port."""
+    return served.port
 
 
 def test_translates_like_the_registered_model(service, champion, tmp_path):
@@ -267,7 +294,7 @@ def test_sustained_load_keeps_latency_bounded_refuses_overflow_and_memory_flat(s
     while time.monotonic() < stop:
         time.sleep(1)
         if stop - time.monotonic() < seconds - 5:
-            rss.append(_replica_rss("nmt-test"))
+            rss.append(_replica_rss("nmt"))
     for t in threads:
         t.join(timeout=120)
     statuses = [s for s, _ in results]
@@ -344,3 +371,13 @@ def test_build_app_checks_args_and_model(champion):
         build_app({"max_batch_size": "0"})
     with pytest.raises(UserError, match="not in the registry"):
         build_app({"model_uri": "models:/no-such-model@champion", "tracking_uri": champion.uri})
+
+
+def test_nmt_serve_command_serves_until_interrupted(served):
+    """The module's last test: Ctrl-C shuts Serve down (its proxy with it) and `nmt serve` exits 0."""
+    assert _translate(served.port, {"texts": SENTENCES})[0] == 200
+    served.process.send_signal(signal.SIGINT)
+    assert served.process.wait(90) == 0, served.log.read_text()[-3000:]
+    with pytest.raises(OSError):  # Serve was shut down, its proxy with it
+        post(served.port, "GET", "/healthz", timeout_s=5)
+    assert "[serve] shutting down" in served.log.read_text()
