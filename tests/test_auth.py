@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+from commands import nmt
 from small import ROOT, SMALL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_a_wrong_password_is_one_line_naming_the_server_and_nothing_starts(mlflow_auth_server, tmp_path):
-    command = [sys.executable, "-m", "pipeline", "train", "--config", "configs/demo.yaml",
-               *(x for s in [*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
-                             f"tracking.tracking_uri={mlflow_auth_server.uri}"] for x in ("--set", s))]
+    command = nmt("train", "--config", "configs/demo.yaml",
+                  sets=[*SMALL, f"data.output_dir={tmp_path / 'data'}", f"train.storage_path={tmp_path / 'runs'}",
+                        f"tracking.tracking_uri={mlflow_auth_server.uri}"])
     env = {**os.environ, "MLFLOW_TRACKING_USERNAME": "trainer", "MLFLOW_TRACKING_PASSWORD": "not-the-password"}
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert result.returncode == 2, result.stderr[-3000:]

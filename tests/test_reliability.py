@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from commands import nmt
 from conftest import environment, free_port
 from logs import leaks
 from mlflow.tracking import MlflowClient
@@ -67,12 +68,11 @@ def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows
     config = tmp_path / "secret.yaml"
     config.write_text((ROOT / "configs" / "demo.yaml").read_text() + "\ntracking:\n  tracking_uri: "
                       + server.uri.replace("http://", f"http://trainer:{password}@") + "\n")
-    command = [sys.executable, "-m", "pipeline", "train", "--config", str(config),
-               "--address", ray_session.get_runtime_context().gcs_address]
-    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
-                 "tracking.experiment=outage", "train.max_steps=200", "train.epochs=100", "train.val_interval=50",
-                 "train.log_every=5", "train.report_interval_s=1", "train.average_last=1"]:
-        command += ["--set", item]
+    command = nmt("train", "--config", str(config), address=ray_session.get_runtime_context().gcs_address,
+                  sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
+                        "tracking.experiment=outage", "train.max_steps=200", "train.epochs=100",
+                        "train.val_interval=50", "train.log_every=5", "train.report_interval_s=1",
+                        "train.average_last=1"])
     env = {**os.environ, "MLFLOW_TRACKING_USERNAME": "trainer", "MLFLOW_TRACKING_PASSWORD": password,
            "MLFLOW_TRACKING_TOKEN": token}
     client = MlflowClient(server.uri.replace("http://", f"http://trainer:{password}@"))  # the test's own login

@@ -1,12 +1,10 @@
 """Stop the `nmt train` driver with SIGINT, then with SIGKILL; each rerun resumes one MLflow run to the end."""
 
-import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
+from commands import nmt, run_until
 from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
@@ -17,12 +15,10 @@ MAX_STEPS = 200
 
 def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run(ray_session, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    command = [sys.executable, "-m", "pipeline", "train", "--config", "configs/demo.yaml",
-               "--address", ray_session.get_runtime_context().gcs_address]
-    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
-                 f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",
-                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"]:
-        command += ["--set", item]
+    command = nmt("train", "--config", "configs/demo.yaml", address=ray_session.get_runtime_context().gcs_address,
+                  sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
+                        f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",
+                        f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"])
     client = MlflowClient(uri)
 
     def runs():
@@ -33,27 +29,15 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
         (run,) = runs()
         return [m.step for m in client.get_metric_history(run.info.run_id, key)]
 
-    def run_until(sig, lowest, highest, log_name):
-        """Start the command, stop it with sig once its last validation (a checkpoint) is in [lowest, highest]."""
-        log_path = tmp_path / log_name
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        try:
-            deadline, validated = time.monotonic() + 420, 0
-            while time.monotonic() < deadline and proc.poll() is None and not lowest <= validated <= highest:
-                time.sleep(0.25)
-                validated = max(steps("val_bleu"), default=0) if runs() else 0
-            assert proc.poll() is None, f"ended before the stop point:\n{log_path.read_text()[-3000:]}"
-            assert lowest <= validated <= highest, f"no stop point in time:\n{log_path.read_text()[-3000:]}"
-            os.killpg(proc.pid, sig)  # like Ctrl-C in a terminal (SIGINT), or a lost machine (SIGKILL)
-            proc.wait(120)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-        return proc.returncode, log_path.read_text(), validated
+    def validated() -> int:
+        return max(steps("val_bleu"), default=0) if runs() else 0
 
-    code, log, first_checkpoint = run_until(signal.SIGINT, 20, 60, "sigint.log")
+    def stop_when_validated(sig, lowest, highest, log_name):
+        """Run the command, stop it with sig once its last validation (a checkpoint) is in [lowest, highest]."""
+        code, log = run_until(command, lambda: lowest <= validated() <= highest, tmp_path / log_name, sig, 420)
+        return code, log, validated()
+
+    code, log, first_checkpoint = stop_when_validated(signal.SIGINT, 20, 60, "sigint.log")
     assert code == 130 and "nmt train: interrupted; the same command again resumes" in log, log[-3000:]
     assert "Traceback" not in driver_output(log), log[-3000:]  # a worker's teardown noise aside
     (run,) = runs()
@@ -62,7 +46,7 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
     # itself validate twice before it is killed, and still have updates left for the third.
     stopped_at = max(steps("val_bleu"))
 
-    code, log, second_checkpoint = run_until(signal.SIGKILL, stopped_at + 40, MAX_STEPS - 40, "sigkill.log")
+    code, log, second_checkpoint = stop_when_validated(signal.SIGKILL, stopped_at + 40, MAX_STEPS - 40, "sigkill.log")
     assert code == -signal.SIGKILL
     assert "resumed from step" in log, log[-3000:]
 

@@ -1,12 +1,10 @@
 """Stop the `nmt tune` driver with SIGINT, then SIGKILL; --resume redoes no finished work, duplicates no runs."""
 
-import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
+from commands import nmt, run_until
 from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
@@ -21,16 +19,15 @@ FIRST_STOP = 80
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
     (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 1.5]}\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    command = [sys.executable, "-m", "pipeline", "tune", "--config", "configs/demo.yaml", "--space",
-               str(tmp_path / "space.yaml"), "--address", ray_session.get_runtime_context().gcs_address]
     # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
-    for item in [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
-                 f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
-                 "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
-                 f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100",
-                 # Batches twice the small config's, so that each stop window lasts long enough in seconds.
-                 "train.max_tokens=4096"]:
-        command += ["--set", item]
+    command = nmt("tune", "--config", "configs/demo.yaml", "--space", str(tmp_path / "space.yaml"),
+                  address=ray_session.get_runtime_context().gcs_address,
+                  sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
+                        f"tracking.tracking_uri={uri}", "tracking.experiment=resume", "tune.name=resume",
+                        "tune.search=grid", "tune.scheduler=fifo", "tune.max_concurrent_trials=1",
+                        f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100",
+                        # Batches twice the small config's, so that each stop window lasts long enough.
+                        "train.max_tokens=4096"])
     client = MlflowClient(uri)
 
     def trial_runs():
@@ -42,25 +39,6 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     def steps(run_id, key):
         return [m.step for m in client.get_metric_history(run_id, key)]
 
-    def run_until(args, ready, log_name, sig):
-        """Run the sweep command, send sig once ready(runs) says so; (exit status, log text)."""
-        log_path = tmp_path / log_name
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and proc.poll() is None and not ready(trial_runs()):
-                time.sleep(0.25)
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert ready(trial_runs()), f"no stop point within the deadline:\n{log_path.read_text()[-3000:]}"
-            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal (SIGINT), or a lost machine (SIGKILL)
-            proc.wait(180)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-        return proc.returncode, log_path.read_text()
-
     def validated(run):
         return max(steps(run.info.run_id, "val_bleu"), default=0)
 
@@ -69,7 +47,7 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
         return (any(r.info.status == "FINISHED" for r in runs)
                 and any(r.info.status == "RUNNING" and 0 < validated(r) <= FIRST_STOP for r in runs))
 
-    code, log = run_until(command, finished_and_early, "sigint.log", signal.SIGINT)
+    code, log = run_until(command, lambda: finished_and_early(trial_runs()), tmp_path / "sigint.log", signal.SIGINT)
     assert code == 130 and "nmt tune: interrupted; the same command with --resume" in log, log[-3000:]
     assert "Traceback" not in driver_output(log), log[-3000:]  # a worker's teardown noise aside
     sweep_run = [r for r in client.search_runs([client.get_experiment_by_name("resume").experiment_id])
@@ -81,9 +59,9 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     checkpointed = max(steps(killed_run, "val_bleu"))
 
     # Resumed, then killed outright once the interrupted trial has validated (and checkpointed) again.
-    code, log = run_until([*command, "--resume"], lambda runs: any(
-        r.info.run_id == killed_run and checkpointed < validated(r) < MAX_STEPS for r in runs),
-        "sigkill.log", signal.SIGKILL)
+    code, log = run_until([*command, "--resume"], lambda: any(
+        r.info.run_id == killed_run and checkpointed < validated(r) < MAX_STEPS for r in trial_runs()),
+        tmp_path / "sigkill.log", signal.SIGKILL)
     assert code == -signal.SIGKILL
 
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
