@@ -45,8 +45,32 @@ def test_a_half_prepared_dataset_of_a_killed_prepare_is_removed_by_the_next_one(
     assert not left.exists() and (tmp_path / ".tmp-other-dataset-x").is_dir() and not Path(fresh).exists()
 
 
-def test_a_durable_write_replaces_the_file_whole(tmp_path):
+def test_a_durable_write_replaces_the_file_whole(tmp_path, monkeypatch):
+    """The new bytes are written and synced under another name before they replace the file: a write cut off
+    before the rename leaves the old file whole (a write in place would have truncated it)."""
+    import os
+
     target = tmp_path / "manifest.json"
     target.write_text("old")
+    seen: list[tuple[str, bytes]] = []
+    real_replace = os.replace
+
+    def replace_after_looking(src, dst):
+        seen.append((os.path.basename(src), target.read_bytes()))  # the target as it is just before the rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_after_looking)
     storage.write_bytes(str(target), b"new")
     assert target.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    (written_as, before_rename), = seen
+    assert written_as != "manifest.json" and before_rename == b"old"
+
+    def power_cut(src, dst):
+        raise OSError("cut off before the rename")
+
+    monkeypatch.setattr(os, "replace", power_cut)
+    try:
+        storage.write_bytes(str(target), b"newer")
+    except OSError:
+        pass
+    assert target.read_bytes() == b"new"
