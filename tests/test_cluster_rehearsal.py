@@ -1,6 +1,6 @@
 """The shared-cluster path end to end (benchmarks/cluster_rehearsal.py): three `ray start` nodes in mount
-namespaces of their own, S3 the only storage they share, an MLflow server with logins, and every step
-submitted from a laptop directory through the dashboard at 127.0.0.1.
+namespaces of their own, S3 the only storage they share, an MLflow server on PostgreSQL with a login per
+person, and every step submitted from a laptop directory through the dashboard at 127.0.0.1.
 
 The script runs once for the module (about 5 minutes on 2 cores); the tests read what it did, the
 servers' records and the files it left.
@@ -64,8 +64,15 @@ def test_cluster_rehearsal_trains_through_a_lost_node_then_tunes_promotes_evalua
     for step in ("prepare", "train", "tune", "promote", "evaluate"):
         assert result[step]["exit"] == 0, (step, result[step]["tail"])
     jobs = {job["submission_id"]: job for job in result["jobs"]}
-    assert {jobs[result[s]["job"]]["status"] for s in ("prepare", "train", "tune", "promote", "evaluate")} == \
-        {"SUCCEEDED"}
+    assert {jobs[result[s]["job"]]["status"] for s in ("prepare", "train", "tune", "evaluate")} == {"SUCCEEDED"}
+    # The job record (what `ray job list`, the dashboard and get_job_info() show) holds the URI without the
+    # login; the login went to the job as a forwarded package instead.
+    train_job = jobs[result["train"]["job"]]
+    assert train_job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == result["tracking_uri"]
+    assert f"--set tracking.tracking_uri={result['tracking_uri']} " in train_job["entrypoint"]
+    assert len(train_job["runtime_env"]["py_modules"]) == 1
+    assert "forwarding MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_USERNAME to the job" in \
+        (root / "train.out").read_text()
     assert result["train"]["lost_node"].get("processes_killed", 0) >= 3, "no worker node was lost during training"
 
     # Everything the team sees on the tracking server (read by the script as the trainer, before it stopped).
@@ -81,20 +88,33 @@ def test_cluster_rehearsal_trains_through_a_lost_node_then_tunes_promotes_evalua
     val_steps = [step for step, _ in seen["val_loss"]]
     assert sorted(set(val_steps)) == sorted(val_steps) and max(val_steps) == 60
     assert train["tags"]["best_checkpoint"].startswith("s3://team/runs/rehearsal-train/")
-    # The corpus's own name; version 1 promoted by hand, then scored on the test split prepared on S3.
+    # The person's login could not register: both models were candidates, which the promoting login registered
+    # from the laptop (the training run first); version 1 then promoted by hand, and scored on the test split
+    # prepared on S3 by an evaluation job (its scores stay in its run: the person may not tag the version).
+    assert "registered transformer-nmt-demo-en-de versions 1, 2 from candidate runs" in result["promote"]["decided"]
+    assert train["tags"]["nmt.candidate"] == MODEL
     champion = seen["champion"]
     assert champion["name"] == MODEL and champion["version"] == "1" and seen["versions"] == 2
-    assert champion["tags"]["data_path"].startswith("s3://team/prepared/")
-    assert "test_bleu" in champion["tags"] and "test_eval_run" in champion["tags"]
+    assert champion["tags"]["data_path"].startswith("s3://team/prepared/") and "test_bleu" not in champion["tags"]
+    assert seen["evaluation"]["model_version"] == "1" and "test_bleu" in seen["evaluation"]["metrics"]
+    # Who and what: every run of a submitted job names its person (the MLflow login and who submitted it from
+    # where) and the commit submitted, though the job ran from an upload without .git as the nodes' user.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    for name, tags in seen["run_tags"].items():
+        assert tags == {"mlflow.user": "trainer", "mlflow.source.git.commit": commit}, name
+    assert all(run["tags"]["nmt.submitted_by"].startswith(f"{os.environ.get('USER', 'root')}@")
+               for run in seen["runs"]), [run["tags"].get("nmt.submitted_by") for run in seen["runs"]]
     served = result["serve"]
     assert served["deploy_exit"] == 0, served["deploy_output"]
     assert served["response"]["model_version"] == "1" and len(served["response"]["translations"]) == 1
 
-    # Nothing written into the laptop directory; the trainer's password nowhere in job records or logs.
+    # Nothing written into the laptop directory; the trainer's password nowhere in job records or logs, and
+    # the promoting login's never on the cluster at all.
     password = (root / "trainer.password").read_text()
+    promoter = (root / "promoter.password").read_text()
     assert not any((root / "laptop").iterdir())
     logs = [path for node in ("head", "w1", "w2", "w3") for path in (root / node / "ray").glob("session_2*/logs")]
     assert len(logs) == 4
     texts = {"jobs": json.dumps(result["jobs"]), **{p.name: p.read_text(errors="replace") for p in root.glob("*.out")}}
-    found = leaks([password], texts, logs)
+    found = leaks([password, promoter], texts, logs)
     assert not found, found
