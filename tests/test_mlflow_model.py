@@ -126,6 +126,9 @@ def test_mlflow_models_serve_answers_invocations(champion, tmp_path):
     finally:
         stop_process(process)
         log.close()
+    # The served model translates as the version's own files do, at the beam the request asked for.
+    expected = Translator.from_files(_translator_files(champion)).translate(EXAMPLES, beam_size=2)
+    assert [p["translation"] for p in predictions] == expected
 
 
 def test_champion_moves_only_when_val_bleu_improves_and_promote_moves_it_by_hand(champion, capsys):
