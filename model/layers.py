@@ -211,7 +211,10 @@ class DecoderLayer(nn.Module):
             new_cache.append((k, v))
             # Padding after the last real target token needs no mask: under the causal mask
             # no real position ever attends to a later (padded) one.
-            return self.self_attn.attend(q, k, v, is_causal=cache is None and y.shape[1] > 1)
+            is_causal = False
+            if cache is None and y.shape[1] > 1:  # a branch: compiled with dynamic shapes, the test is symbolic
+                is_causal = True  # and SDPA takes only a plain bool
+            return self.self_attn.attend(q, k, v, is_causal=is_causal)
 
         def cross_attention(y: Tensor) -> Tensor:
             return self.cross_attn.attend(self.cross_attn.project_q(y), *memory_kv, src_mask)

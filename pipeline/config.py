@@ -42,6 +42,7 @@ PositiveInt, PositiveFloat = Annotated[int, POSITIVE], Annotated[float, POSITIVE
 NonNegativeInt, NonNegativeFloat = Annotated[int, NON_NEGATIVE], Annotated[float, NON_NEGATIVE]
 Fraction = Annotated[float, NON_NEGATIVE, BELOW_ONE]  # of the run: in [0, 1)
 CountOrUnlimited = Annotated[int, COUNT_OR_UNLIMITED]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # torch.compile's
 
 
 @dataclass
@@ -126,7 +127,10 @@ class TrainConfig:
     label_smoothing: float = 0.1  # epsilon_ls of Sec. 5.4
     clip_norm: NonNegativeFloat = 0.0  # 0: no clipping
     amp: Literal["auto", "bf16", "fp16", "off"] = "auto"  # mixed precision on GPUs; auto: bf16 where supported
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the training step (the model and the loss, with dynamic shapes)
+    compile_mode: CompileMode = "default"  # with compile; reduce-overhead and max-autotune replay CUDA graphs on a GPU
+    pad_multiple: PositiveInt = 1  # batch widths rounded up to a multiple (8, 16: few shapes to compile); 1: exact
+    batch_buckets: NonNegativeInt = 0  # a batch's rows padded to one of N sizes (the most that fit, half, ...); 0: off
     seed: int = 0  # seed of initialisation and batch shuffling
     val_interval: NonNegativeInt = 0  # updates between validations; 0: every epoch
     log_every: PositiveInt = 10  # updates between progress lines and train_loss values

@@ -6,7 +6,8 @@ batch of B examples costs B * (max source length + max target length + 1) padded
 and every batch keeps that cost within `max_tokens` (the paper's ~25k-token batches).
 
 Batches are numpy index arrays into the caller's examples; shard.TokenShard.collate turns one
-into tensors.
+into tensors. shaped_batches cuts them for a shapes.ShapePolicy instead: a handful of tensor
+shapes per epoch, for a compiled step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
+
+from .shapes import ShapePolicy
 
 # The first window a batch search looks at; it doubles while every example in it still fits.
 _MIN_WINDOW = 64
@@ -46,9 +49,9 @@ def _check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _check_fits(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
-    """Raise if any single example costs more than the whole budget."""
-    alone = src + tgt + 1
+def _check_fits(src: np.ndarray, tgt: np.ndarray, max_tokens: int, cost: np.ndarray | None = None) -> None:
+    """Raise if any single example costs more than the whole budget (cost: each one's padded width, if shaped)."""
+    alone = src + tgt + 1 if cost is None else cost
     too_long = np.flatnonzero(alone > max_tokens)
     if too_long.size:
         i = int(too_long[0])
@@ -130,6 +133,27 @@ def token_budget_batches(
     order = perm[np.argsort(key[perm], kind="stable")]
     batches = _greedy_fill(order, src, tgt, max_tokens)
     # Shuffle the batches so that training does not walk from short sentences to long ones.
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def shaped_batches(src_lengths, tgt_lengths, shapes: ShapePolicy, seed: int = 0, epoch: int = 0) -> list[np.ndarray]:
+    """Batches of examples that share one padded width pair, at most its full rows each, in a shuffled order.
+
+    Each width pair's examples (in a random order seeded by (seed, epoch)) are cut into batches of
+    shapes.full_rows; only its last batch is short, and collate pads that one's rows to a bucket.
+    """
+    src, tgt = _as_lengths(src_lengths, tgt_lengths)
+    src_width, tgt_width = shapes.widths(src, tgt)
+    _check_fits(src, tgt, shapes.max_tokens, cost=src_width + tgt_width)
+    rng = _rng(seed, epoch)
+    key = tgt_width * (int(src_width.max(initial=0)) + 1) + src_width
+    perm = rng.permutation(src.size)
+    order = perm[np.argsort(key[perm], kind="stable")]
+    starts = np.flatnonzero(np.diff(key[order], prepend=-1))  # where each width pair's run begins
+    batches = []
+    for start, end in zip(starts, [*starts[1:], order.size]):
+        full = shapes.full_rows(src_width[order[start]], tgt_width[order[start]])
+        batches += [order[i: min(i + full, end)] for i in range(start, end, full)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .batching import equalize_batch_count, token_budget_batches
+from .batching import equalize_batch_count, shaped_batches, token_budget_batches
+from .shapes import ShapePolicy
 from .shard import TokenShard, split_rows
 
 NO_EXAMPLES = np.empty(0, np.int64)  # a rank's step without examples: its ranks' others still need one each
@@ -43,13 +44,15 @@ class EpochData:
 
     progress: the loop's Progress (epoch, batch_in_epoch, seen, segment_seen, segment_workers), which a
     checkpoint saves. gather and largest are the ranks' collectives (all_gather_objects, an all-reduce max).
+    shapes: a ShapePolicy to cut batches for (shaped_batches), else exact token-budget batches.
     """
 
     def __init__(self, split_dir: str, rank: int, world_size: int, max_tokens: int, seed: int,
                  gather: Callable[[object], list], largest: Callable[[int], int],
-                 read: Callable[..., TokenShard] = TokenShard.read):
+                 read: Callable[..., TokenShard] = TokenShard.read, shapes: ShapePolicy | None = None):
         self.split_dir, self.rank, self.world_size, self.max_tokens, self.seed = (
             split_dir, rank, world_size, max_tokens, seed)
+        self.shapes = shapes if shapes is not None and shapes.active else None
         self.gather, self.largest, self.read = gather, largest, read
         self.rows = split_rows(split_dir)
         self.size = int(self.rows[-1]) + 1 if self.rows.size else 0  # bitmaps are indexed by corpus row
@@ -73,7 +76,9 @@ class EpochData:
             self.shard = self.read(self.split_dir, self.rank, self.world_size, seen=seen, rows=self.rows)
             self._shard_of = segment
         lengths = self.shard.src.lengths, self.shard.tgt.lengths
-        batches = token_budget_batches(*lengths, self.max_tokens, seed=self.seed + self.rank, epoch=progress.epoch)
+        seed = self.seed + self.rank
+        batches = shaped_batches(*lengths, self.shapes, seed=seed, epoch=progress.epoch) if self.shapes else \
+            token_budget_batches(*lengths, self.max_tokens, seed=seed, epoch=progress.epoch)
         count = self.largest(len(batches))
         # A rank with fewer examples than the count (a small rest of an epoch after a resize) makes empty steps.
         cut = equalize_batch_count(batches, min(count, len(self.shard)), *lengths)

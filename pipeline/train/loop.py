@@ -8,8 +8,8 @@ WorkerContext; the loop itself knows nothing of either, so the same code trains 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
-import logging
 import math
 import random
 import time
@@ -19,20 +19,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import Transformer, average_checkpoints, cooldown_factor, label_smoothed_cross_entropy, warmup_schedule
+from model import Transformer, average_checkpoints, cooldown_factor, warmup_schedule
 
 from ..common import checkpoint, log, storage
 from ..common.errors import UserError
+from ..common.messages import LoopArgs, ParentInit, Report
 from ..common.node_metrics import NodeSampler
 from ..config import Config, config_from_dict
 from ..data.manifest import load_manifest
-from ..track.tracking import FINAL_KEY, NODE_KEY, PROGRESS_KEY
 from . import elastic, parent
 from .epoch_plan import EpochData, nothing
 from .prefetch import Batch, BatchPrefetcher
 from .progress_window import HeldReports, Window
 from .schedule import Due, Schedule
+from .shapes import ShapePolicy
 from .shard import COLUMNS, TokenShard
+from .step import TrainStep, adam
 from .validate import Preempted, validate
 from .workers import RayContext, WorkerContext, all_gather_objects, all_reduce_, all_reduce_max, unwrap
 
@@ -71,7 +73,8 @@ def _amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
 class Replica:
     """One data-parallel replica: its model, optimizer and data, and the steps that change them."""
 
-    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext, init: dict | None = None, attempt: str = ""):
+    def __init__(self, cfg: Config, data_path: str, ctx: WorkerContext, init: ParentInit | None = None,
+                 attempt: str = ""):
         self.cfg, self.ctx, self.train_cfg, self.attempt = cfg, ctx, cfg.train, attempt
         manifest = load_manifest(data_path)
         self.tokenizer = manifest.tokenizer()
@@ -80,7 +83,7 @@ class Replica:
         torch.manual_seed(self.train_cfg.seed)  # every rank starts from the same weights
         random.seed(self.train_cfg.seed + ctx.world_rank)
         self.model = Transformer(self.model_cfg).to(ctx.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = adam(self.model.parameters(), ctx.device)
         self.scheduler = warmup_schedule(self.optimizer, self.model_cfg.d_model, self.train_cfg.warmup_steps,
                                          self.train_cfg.lr_scale)
         self.amp_dtype = _amp_dtype(self.train_cfg.amp, ctx.device)
@@ -105,12 +108,13 @@ class Replica:
         self.accumulation = elastic.accumulation(self.train_cfg.target_tokens(), self.train_cfg.max_tokens,
                                                  ctx.world_size)
         self.progress.attempt = attempt
-        self.ddp_model = ctx.prepare_model(self.model)
-        if self.train_cfg.compile:
-            self.ddp_model = torch.compile(self.ddp_model)
+        self.train_step = TrainStep(ctx.prepare_model(self.model), self.train_cfg, self.model_cfg.pad_id,
+                                    self.amp_dtype, ctx.device, self.accumulation)
+        self.ddp_model = self.train_step.model  # compiled or not
+        self.shapes = ShapePolicy.of(self.train_cfg)
         self.data = EpochData(manifest.split_dir("train"), ctx.world_rank, ctx.world_size, self.train_cfg.max_tokens,
                               self.train_cfg.seed, gather=all_gather_objects,
-                              largest=lambda n: all_reduce_max([n], ctx.device)[0])
+                              largest=lambda n: all_reduce_max([n], ctx.device)[0], shapes=self.shapes)
         val = manifest.read_split("validation", [*COLUMNS, "tgt"])
         self.val = TokenShard.from_batches([val])
         self.val_refs = val.column("tgt").to_pylist()
@@ -133,13 +137,13 @@ class Replica:
                             "delete the run's directory under train.storage_path to start it over")
         return False
 
-    def _start_from_parent(self, init: dict) -> None:
+    def _start_from_parent(self, init: ParentInit) -> None:
         """Fine-tuning: the parent's weights; the optimizer, schedule and progress stay fresh."""
-        config, weights = parent.load_staged(init["path"])
-        parent.check_shape(config, init["described"], self.model_cfg)  # a sweep may sample another shape
+        config, weights = parent.load_staged(init.path)
+        parent.check_shape(config, init.described, self.model_cfg)  # a sweep may sample another shape
         self.model.load_state_dict(weights)
         if self.ctx.is_main:
-            logger.info(f"starting from {init['described']}; optimizer and learning-rate schedule start fresh")
+            logger.info(f"starting from {init.described}; optimizer and learning-rate schedule start fresh")
 
     def _load_state(self, directory: str, state: dict) -> None:
         """Model, optimizer, schedule, progress and this rank's RNG streams from a loaded checkpoint."""
@@ -177,7 +181,7 @@ class Replica:
             pairs = self.data.rows.size // self.ctx.world_size
             logger.info(f"{self.ctx.world_size} worker(s), rank 0 on {self.ctx.device}, process group: {group}, "
                         f"{pairs:,} training pairs per rank and epoch, {self.accumulation} batch(es) per update, "
-                        f"amp {self.amp_dtype or 'off'}")
+                        f"amp {self.amp_dtype or 'off'}{self.train_step.described(self.shapes)}")
 
     def epoch_batches(self) -> list[np.ndarray]:
         """This rank's batches for the rest of the epoch (epoch_plan); the loop goes on at progress.batch_in_epoch."""
@@ -192,7 +196,7 @@ class Replica:
 
     def prefetch(self, batches: list[np.ndarray]) -> BatchPrefetcher:
         """The collated batches, built ahead in a thread (pinned when they go to a GPU)."""
-        return BatchPrefetcher(self.data.shard, batches, pin=self.ctx.device.type == "cuda")
+        return BatchPrefetcher(self.data.shard, batches, pin=self.ctx.device.type == "cuda", shapes=self.shapes)
 
     def cool_down(self, step: int, end_step: int) -> None:
         """Set the learning rate of the update after `step`: Eq. 3's, falling linearly to 0 at end_step."""
@@ -214,11 +218,7 @@ class Replica:
             sync = contextlib.nullcontext() if last or not hasattr(self.ddp_model, "no_sync") \
                 else self.ddp_model.no_sync()  # all-reduce gradients once per update, not per micro-batch
             with sync:
-                with torch.autocast(self.ctx.device.type, dtype=self.amp_dtype or torch.float32,
-                                    enabled=self.amp_dtype is not None):
-                    logits = self.ddp_model(src, tgt_in)
-                loss, _, count = label_smoothed_cross_entropy(logits, tgt_out, self.train_cfg.label_smoothing,
-                                                              self.model_cfg.pad_id, compute_nll=False)
+                loss, count = self.train_step(src, tgt_in, tgt_out)
                 self.scaler.scale(loss).backward()
             sums += torch.stack([loss.detach().double(), count.double()])
         # DDP averaged the per-rank gradient sums; rescale so that every target token in the
@@ -277,13 +277,13 @@ class Replica:
                      "metrics": metrics, "earlier": earlier or []}
             self.tokenizer.save(directory)  # a checkpoint can be fine-tuned from on its own
         checkpoint.save(directory, self.ctx.world_rank, state)
-        self.send({**metrics, PROGRESS_KEY: earlier or [], FINAL_KEY: final}, directory)
+        self.send(Report(metrics, tuple(earlier or ()), final), directory)
 
-    def send(self, report: dict, directory: str | None = None) -> None:
+    def send(self, report: Report, directory: str | None = None) -> None:
         """Report (a barrier on every rank), with this node's system-metric samples when this rank takes them."""
         if self.node_sampler is not None:
-            report[NODE_KEY] = self.node_sampler.drain()
-        self.ctx.report(report, directory)
+            report = dataclasses.replace(report, node_samples=tuple(self.node_sampler.drain()))
+        self.ctx.report(report.to_metrics(), directory)
 
     def will_average(self) -> bool:
         """Whether average_and_report will report, counting the snapshot the next report() keeps."""
@@ -358,7 +358,7 @@ def _progress_line(replica: Replica, schedule: Schedule, window: Window, held: H
             replica.data.next_epoch(progress)
         _validation(replica, held, metrics)
     elif due.report:
-        held.flush(lambda earlier: replica.send({**metrics, PROGRESS_KEY: earlier}))
+        held.flush(lambda earlier: replica.send(Report(metrics, tuple(earlier))))
     else:
         held.hold(metrics)
     window.restart(progress.step)
@@ -378,10 +378,10 @@ def _validation(replica: Replica, held: HeldReports, metrics: dict) -> None:
 
 def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     """Entry point on every worker: rebuild the config, train, validate, report, until done."""
-    log.setup(loop_config.get("log_level", logging.INFO), process_stderr=True)  # a worker process of its own
+    args = LoopArgs.from_dict(loop_config)
+    log.setup(args.log_level, process_stderr=True)  # a worker process of its own
     ctx = ctx or RayContext()
-    replica = Replica(config_from_dict(loop_config["config"]), loop_config["data_path"], ctx, loop_config.get("init"),
-                      loop_config.get("attempt", ""))
+    replica = Replica(config_from_dict(args.config), args.data_path, ctx, args.init, args.attempt)
     replica.announce()
     progress, schedule = replica.progress, Schedule(replica.train_cfg, ctx.device)
     if progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
@@ -431,7 +431,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(args.config, args.overrides)
         root = args.checkpoints or os.path.join(cfg.train.storage_path, cfg.train.run_name or "torchrun")
-        train_loop({"config": cfg.to_dict(), "data_path": args.data}, TorchrunContext(root, args.device))
+        loop_args = LoopArgs(cfg.to_dict(), args.data, log.level(), attempt="")
+        train_loop(loop_args.to_dict(), TorchrunContext(root, args.device))
     except UserError as err:  # a user's mistake: the message, not a traceback
         raise SystemExit(f"{parser.prog}: error: {err}") from None
 

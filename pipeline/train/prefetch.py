@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from .shapes import ShapePolicy
 from .shard import TokenShard
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src, tgt_in, tgt_out
@@ -28,22 +29,30 @@ def _no_examples() -> Batch:
     return torch.tensor([[EOS_ID]]), torch.tensor([[BOS_ID]]), torch.tensor([[PAD_ID]])
 
 
+def _collate(shard: TokenShard, index: np.ndarray, shapes: ShapePolicy | None) -> Batch:
+    """The batch of `index` (empty: a step without examples), shaped by `shapes` when it is active."""
+    if shapes is not None and shapes.active:
+        return shard.collate(index, shapes=shapes)
+    return shard.collate(index) if len(index) else _no_examples()
+
+
 class BatchPrefetcher:
     """Yields shard.collate(index) for each index in order (an empty one: a step without examples), built up to
-    `depth` batches ahead."""
+    `depth` batches ahead, shaped by `shapes` when given."""
 
-    def __init__(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool = False, depth: int = 4):
+    def __init__(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool = False, depth: int = 4,
+                 shapes: ShapePolicy | None = None):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._exhausted = False
-        self._thread = threading.Thread(target=self._fill, args=(shard, batches, pin), daemon=True,
+        self._thread = threading.Thread(target=self._fill, args=(shard, batches, pin, shapes), daemon=True,
                                         name="nmt-batch-prefetch")
         self._thread.start()
 
-    def _fill(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool) -> None:
+    def _fill(self, shard: TokenShard, batches: Sequence[np.ndarray], pin: bool, shapes: ShapePolicy | None) -> None:
         try:
             for index in batches:
-                batch = shard.collate(index) if len(index) else _no_examples()
+                batch = _collate(shard, index, shapes)
                 if pin:
                     batch = tuple(t.pin_memory() for t in batch)
                 if not self._put(batch):

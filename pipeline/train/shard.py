@@ -21,6 +21,7 @@ import pyarrow as pa
 import torch
 
 from ..text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from .shapes import ShapePolicy
 
 COLUMNS = ["row", "src_ids", "tgt_ids"]  # what a shard is built from
 
@@ -151,21 +152,39 @@ class TokenShard:
     def __len__(self) -> int:
         return int(self.rows.size)
 
-    def collate(self, index, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def collate(self, index, pad_id: int = PAD_ID, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                shapes: ShapePolicy | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded (src [B, S], tgt_in [B, T + 1], tgt_out [B, T + 1]) LongTensors for the examples in index.
 
         `tgt_in` is [bos] + target and `tgt_out` is target + [eos], so a batch costs
-        B * (S + T + 1) padded tokens, as batching.batch_cost counts it.
+        B * (S + T + 1) padded tokens, as batching.batch_cost counts it. With an active `shapes`
+        the widths and rows are the policy's (an empty index: one step's worth of padding rows).
         """
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        if index.size == 0:
+        shaped = shapes is not None and shapes.active
+        if index.size == 0 and not shaped:
             raise ValueError("collate needs at least one example")
         tgt_lengths = self.tgt.lengths[index]
-        src = self.src.padded(index, int(self.src.lengths[index].max()), pad_id)
-        tgt = self.tgt.padded(index, int(tgt_lengths.max()) + 1, pad_id)  # one column more for eos
+        if shaped:
+            rows, src_width, tgt_width = shapes.shape(self.src.lengths[index], tgt_lengths)
+        else:
+            rows, src_width, tgt_width = index.size, int(self.src.lengths[index].max()), int(tgt_lengths.max()) + 1
+        src = self.src.padded(index, src_width, pad_id)
+        tgt = self.tgt.padded(index, tgt_width, pad_id)  # one column more than the longest target, for eos
         tgt_out = tgt.copy()
         tgt_out[np.arange(index.size), tgt_lengths] = eos_id
         tgt_in = np.roll(tgt, 1, axis=1)  # the last column is padding in every row: it wraps to the front
         tgt_in[:, 0] = bos_id
+        if rows > index.size:  # padding rows: a one-token source (no empty attention row), no targets
+            extra = rows - index.size
+            src = np.vstack([src, _padding_rows(extra, src_width, eos_id, pad_id)])
+            tgt_in = np.vstack([tgt_in, _padding_rows(extra, tgt_width, bos_id, pad_id)])
+            tgt_out = np.vstack([tgt_out, np.full((extra, tgt_width), pad_id, np.int64)])
         return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
+
+
+def _padding_rows(count: int, width: int, first: int, pad_id: int) -> np.ndarray:
+    """`count` rows of `width` ids: `first`, then padding."""
+    rows = np.full((count, width), pad_id, np.int64)
+    rows[:, 0] = first
+    return rows
