@@ -107,3 +107,23 @@ def test_reading_a_config_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False", out.stderr  # Ray Data workers read configs and never build a model
+
+
+def test_the_gpu_recipe_shares_the_multi30k_data_and_ends_its_budget_in_a_cooldown():
+    from pipeline.train import elastic
+    from pipeline.train.shapes import ShapePolicy
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    gpu, cpu = load_config(root / "multi30k_gpu.yaml"), load_config(root / "multi30k_en_de.yaml")
+    assert gpu.data == cpu.data  # one prepared dataset serves both
+    assert gpu.tracking.registered_model == cpu.tracking.registered_model  # their champions compete
+    train = gpu.train
+    assert train.use_gpu and train.amp == "bf16" and train.compile and train.compile_mode == "reduce-overhead"
+    # CUDA graphs replay one micro-batch per update (pipeline/train/step.py), at the recipe's worker count.
+    assert elastic.accumulation(train.target_tokens(), train.max_tokens, train.num_workers) == 1
+    assert ShapePolicy.of(train).active and train.pad_multiple in (8, 16) and train.batch_buckets >= 1
+    # Five minutes end the run, not the epochs, and the budget ends in the cooldown.
+    assert train.time_budget_s == 300 and train.epochs >= 1000 and 0 < train.cooldown < 1
+    assert train.average_last >= 2 and train.val_interval > 0
+    model = gpu.transformer_config(8000)
+    assert (model.num_encoder_layers, model.num_heads, model.d_model, model.dropout) == (4, 4, 128, 0.3)
