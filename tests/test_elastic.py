@@ -19,6 +19,7 @@ from pipeline.train import elastic
 from pipeline.train.epoch_plan import NO_EXAMPLES, EpochData, pack
 from pipeline.train.loop import Progress
 from pipeline.train.prefetch import BatchPrefetcher
+from pipeline.train.shapes import ShapePolicy, batch_shapes
 from pipeline.train.shard import TokenShard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def split(tmp_path_factory):
     return str(directory), rows
 
 
-def _segment(split_dir, progress, workers, steps):
+def _segment(split_dir, progress, workers, steps, shapes=None):
     """`workers` ranks (threads, with the collectives between them) resume from a checkpoint's progress and take
     `steps` batches each (None: to the epoch's end); (the rows each consumed, the new checkpoint's progress)."""
     import copy
@@ -91,7 +92,7 @@ def _segment(split_dir, progress, workers, steps):
     def rank_run(rank):
         mine = copy.deepcopy(progress)
         data = EpochData(split_dir, rank, workers, 600, seed=0, gather=lambda v: gather(rank, v),
-                         largest=lambda n: max(gather(rank, n)))
+                         largest=lambda n: max(gather(rank, n)), shapes=shapes)
         batches = data.begin(mine)
         start = mine.batch_in_epoch
         end = len(batches) if steps is None else min(len(batches), start + steps)
@@ -118,6 +119,20 @@ def test_resize_4_3_4_in_one_epoch_sees_every_example_exactly_once(split):
         assert consumed, workers
         seen += consumed
     assert len(seen) == rows.size and np.array_equal(np.sort(seen), rows)  # none twice, none skipped
+
+
+def test_shaped_batches_see_every_example_once_across_resizes_within_the_budget(split):
+    split_dir, rows = split
+    shapes = ShapePolicy(600, multiple=8, buckets=2)
+    seen, progress = [], Progress()
+    for workers, steps in ((4, 5), (3, None)):
+        consumed, progress = _segment(split_dir, progress, workers, steps, shapes)
+        seen += consumed
+    assert len(seen) == rows.size and np.array_equal(np.sort(seen), rows)
+    data = EpochData(split_dir, 0, 1, 600, seed=0, gather=lambda v: [v], largest=lambda n: n, shapes=shapes)
+    batches = data.begin(Progress())
+    lengths = data.shard.src.lengths, data.shard.tgt.lengths
+    assert data.shapes.kept and all(n * (s + t) <= 600 for n, s, t in batch_shapes(batches, *lengths, data.shapes))
 
 
 def test_resize_restart_at_the_same_size_takes_the_same_batches_from_the_same_position(split):

@@ -141,10 +141,15 @@ def shaped_batches(src_lengths, tgt_lengths, shapes: ShapePolicy, seed: int = 0,
 
     Each width pair's examples (in a random order seeded by (seed, epoch)) are cut into batches of
     shapes.full_rows; only its last batch is short, and collate pads that one's rows to a bucket.
+    With a policy fitted to these lengths (ShapePolicy.fitted), the pairs are its kept ones.
     """
     src, tgt = _as_lengths(src_lengths, tgt_lengths)
     src_width, tgt_width = shapes.widths(src, tgt)
     _check_fits(src, tgt, shapes.max_tokens, cost=src_width + tgt_width)
+    if shapes.kept:  # a fitted policy: each example takes the kept pair its own widths resolve to
+        pairs, inverse = np.unique(np.stack([src_width, tgt_width], axis=1), axis=0, return_inverse=True)
+        resolved = np.array([shapes.resolve(*pair) for pair in pairs], dtype=np.int64)[inverse.reshape(-1)]
+        src_width, tgt_width = resolved[:, 0], resolved[:, 1]
     rng = _rng(seed, epoch)
     key = tgt_width * (int(src_width.max(initial=0)) + 1) + src_width
     perm = rng.permutation(src.size)

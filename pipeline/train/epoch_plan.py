@@ -44,7 +44,7 @@ class EpochData:
 
     progress: the loop's Progress (epoch, batch_in_epoch, seen, segment_seen, segment_workers), which a
     checkpoint saves. gather and largest are the ranks' collectives (all_gather_objects, an all-reduce max).
-    shapes: a ShapePolicy to cut batches for (shaped_batches), else exact token-budget batches.
+    shapes: a ShapePolicy to cut batches for (shaped_batches, fitted to each shard), else exact token-budget batches.
     """
 
     def __init__(self, split_dir: str, rank: int, world_size: int, max_tokens: int, seed: int,
@@ -52,7 +52,8 @@ class EpochData:
                  read: Callable[..., TokenShard] = TokenShard.read, shapes: ShapePolicy | None = None):
         self.split_dir, self.rank, self.world_size, self.max_tokens, self.seed = (
             split_dir, rank, world_size, max_tokens, seed)
-        self.shapes = shapes if shapes is not None and shapes.active else None
+        self.policy = shapes if shapes is not None and shapes.active else None
+        self.shapes: ShapePolicy | None = None  # the policy fitted to the shard: collate with it
         self.gather, self.largest, self.read = gather, largest, read
         self.rows = split_rows(split_dir)
         self.size = int(self.rows[-1]) + 1 if self.rows.size else 0  # bitmaps are indexed by corpus row
@@ -77,8 +78,11 @@ class EpochData:
             self._shard_of = segment
         lengths = self.shard.src.lengths, self.shard.tgt.lengths
         seed = self.seed + self.rank
-        batches = shaped_batches(*lengths, self.shapes, seed=seed, epoch=progress.epoch) if self.shapes else \
-            token_budget_batches(*lengths, self.max_tokens, seed=seed, epoch=progress.epoch)
+        if self.policy is not None:  # shapes fitted to this segment's shard, the same in each of its epochs
+            self.shapes = self.policy.fitted(*lengths)
+            batches = shaped_batches(*lengths, self.shapes, seed=seed, epoch=progress.epoch)
+        else:
+            batches = token_budget_batches(*lengths, self.max_tokens, seed=seed, epoch=progress.epoch)
         count = self.largest(len(batches))
         # A rank with fewer examples than the count (a small rest of an epoch after a resize) makes empty steps.
         cut = equalize_batch_count(batches, min(count, len(self.shard)), *lengths)

@@ -196,7 +196,7 @@ class Replica:
 
     def prefetch(self, batches: list[np.ndarray]) -> BatchPrefetcher:
         """The collated batches, built ahead in a thread (pinned when they go to a GPU)."""
-        return BatchPrefetcher(self.data.shard, batches, pin=self.ctx.device.type == "cuda", shapes=self.shapes)
+        return BatchPrefetcher(self.data.shard, batches, pin=self.ctx.device.type == "cuda", shapes=self.data.shapes)
 
     def cool_down(self, step: int, end_step: int) -> None:
         """Set the learning rate of the update after `step`: Eq. 3's, falling linearly to 0 at end_step."""

@@ -12,7 +12,7 @@ count for nothing and their source is one token, so no attention row is empty.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,11 +29,13 @@ class ShapePolicy:
     """How batches are padded: widths to a multiple of `multiple`, rows to one of `buckets` sizes (0: as filled).
 
     `max_tokens` is the padded source + target tokens a batch may hold, its rows' padding included.
+    `kept`: the width pairs batches are padded to (from fitted()); empty: each batch's own.
     """
 
     max_tokens: int
     multiple: int = 1
     buckets: int = 0
+    kept: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, cfg) -> ShapePolicy:
@@ -70,12 +72,33 @@ class ShapePolicy:
         fitting = [size for size in sizes if size >= count]
         return fitting[-1] if fitting else count
 
+    def resolve(self, src_width: int, tgt_width: int) -> tuple[int, int]:
+        """The kept width pair a batch of these own widths is padded to: the cheapest that holds it (ties: the
+        narrowest source), or its own where none does (an unfitted policy, or a pair wider than any kept)."""
+        holding = [pair for pair in self.kept if pair[0] >= src_width and pair[1] >= tgt_width]
+        return min(holding, key=lambda pair: (pair[0] + pair[1], pair)) if holding else (int(src_width), int(tgt_width))
+
+    def fitted(self, src_lengths, tgt_lengths) -> ShapePolicy:
+        """This policy with `kept` fitted to a shard: every width pair that fills a batch, and the widest of the rest.
+
+        Widest first, each pair too rare to fill one batch joins the cheapest kept pair that holds it, or
+        is kept itself where none does; so the same lengths always give the same pairs.
+        """
+        src_width, tgt_width = self.widths(src_lengths, tgt_lengths)
+        pairs, counts = np.unique(np.stack([src_width, tgt_width], axis=1), axis=0, return_counts=True)
+        fitted = replace(self, kept=())
+        for i in np.argsort(-pairs.sum(axis=1), kind="stable"):
+            pair = (int(pairs[i, 0]), int(pairs[i, 1]))
+            if counts[i] >= self.full_rows(*pair) or fitted.resolve(*pair) == pair:
+                fitted = replace(fitted, kept=(*fitted.kept, pair))
+        return fitted
+
     def shape(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> tuple[int, int, int]:
         """(rows, source width, target width) of a batch whose examples have these lengths."""
         if not src_lengths.size:  # a step without examples: one dummy row of the narrowest shape
-            src_width, tgt_width = self.widths(1, 0)
+            src_width, tgt_width = self.resolve(*self.widths(1, 0))
             return self.rows(1, src_width, tgt_width), src_width, tgt_width
-        src_width, tgt_width = self.widths(int(src_lengths.max()), int(tgt_lengths.max()))
+        src_width, tgt_width = self.resolve(*self.widths(int(src_lengths.max()), int(tgt_lengths.max())))
         return self.rows(src_lengths.size, src_width, tgt_width), src_width, tgt_width
 
 
