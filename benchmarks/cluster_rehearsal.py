@@ -4,11 +4,14 @@ A Ray head and two worker nodes started with `ray start`, each a process tree in
 of its own (`unshare -m`) where the other nodes' directories, the laptop's and the servers' are
 empty tmpfs mounts: a node reads another's files only through Ray (the job's runtime_env) or
 object storage. A local S3-compatible server (moto) is the only storage the nodes share; an
-`mlflow server --app-name basic-auth` is the team's tracking server. From a "laptop" directory
-that sees no node's files, through the dashboard at 127.0.0.1 (as a tunnel gives it) and with
-the password in the tracking URI, `nmt submit` runs: a local store refused; prepare; train on 2
-nodes, one of which is killed once a checkpoint is registered and replaced by a new node; a
-2-trial tune; promote; evaluate; then `serve deploy` of the champion and one request to it.
+`mlflow server --app-name basic-auth` on PostgreSQL is the team's tracking server, with a login per
+person. From a "laptop" directory that sees no node's files, through the dashboard at 127.0.0.1
+(as a tunnel gives it) and with a person's password in the tracking URI, `nmt submit` runs: a
+local store refused; prepare; train on 2 nodes, one of which is killed once a checkpoint is
+registered and replaced by a new node; a 1-trial tune. Their models are candidates the person's
+login may not register: `nmt promote`, run on the laptop with the promoting login (never in a job),
+registers them and moves @champion; an evaluation job scores it; then `serve deploy` of the
+champion (the nodes' read-only serving login) and one request to it.
 
     python benchmarks/cluster_rehearsal.py [--out result.json] [--keep DIR]
 
@@ -39,7 +42,8 @@ SMALL = ["data.demo_sizes={train: 2000, validation: 60, test: 60}", "data.vocab_
          "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0", "train.max_tokens=1024",
          "train.warmup_steps=30", "train.log_every=5", "train.beam_size=1", "train.average_last=1",
          "train.resource_wait_s=120", "tracking.experiment=rehearsal", "tracking.system_metrics_s=0"]
-CHAMPION = "models:/transformer-nmt-demo-en-de@champion"
+MODEL = "transformer-nmt-demo-en-de"
+CHAMPION = f"models:/{MODEL}@champion"
 
 
 def checkpoint_registered(rehearsal: Rehearsal, prefix: str) -> bool:
@@ -63,7 +67,7 @@ def run(rehearsal: Rehearsal) -> dict:
     r, out = rehearsal, {}
     started = time.monotonic()
     r.start_s3()
-    r.start_mlflow()
+    r.start_mlflow(MODEL)
     r.start_node("head", 0)
     for count, name in enumerate(("w1", "w2"), start=2):
         r.start_node(name, 1)
@@ -111,9 +115,16 @@ def run(rehearsal: Rehearsal) -> dict:
     tuned = r.submit("tune", tune)
     out["tune"] = {"exit": tuned.returncode, "job": job_id(tuned), "tail": tuned.stdout[-2000:]}
 
-    # 3. The champion: version 1 (the training run's) promoted by hand, then scored on the prepared test split.
-    promoted = r.submit("promote", ["promote", "1", *common])
-    out["promote"] = {"exit": promoted.returncode, "job": job_id(promoted), "tail": promoted.stdout[-500:]}
+    # 3. The champion: the candidates registered and decided by the promoting login on the laptop, then
+    # version 1 (the training run's) promoted by hand, and scored on the prepared test split by a job.
+    login = {"MLFLOW_TRACKING_URI": r.mlflow, "MLFLOW_TRACKING_USERNAME": "promoter",
+             "MLFLOW_TRACKING_PASSWORD": r.promoter_password}
+    promote = [sys.executable, "-m", "pipeline", "promote", "--name", MODEL]
+    decided = r.laptop(promote, timeout_s=300, **login)
+    by_hand = r.laptop([*promote, "1"], timeout_s=300, **login)
+    out["promote"] = {"exit": decided.returncode or by_hand.returncode, "decided": decided.stdout[-800:],
+                      "by_hand": by_hand.stdout[-300:], "tail": (decided.stderr + by_hand.stderr)[-1500:]}
+    (r.root / "promote.out").write_text(decided.stdout + decided.stderr + by_hand.stdout + by_hand.stderr)
     scored = r.submit("evaluate", ["evaluate", "--split", "test", "--beam", "1", *common])
     out["evaluate"] = {"exit": scored.returncode, "job": job_id(scored), "tail": scored.stdout[-800:]}
 
@@ -140,9 +151,14 @@ def server_view(r: Rehearsal) -> dict:
         train = next(run for run in runs if run.info.run_name == "rehearsal-train")
         for key in ("resumed_from_step", "val_loss"):
             view[key] = [(m.step, m.value) for m in client.get_metric_history(train.info.run_id, key)]
-        champion = client.get_model_version_by_alias(CHAMPION.split("/")[-1].split("@")[0], "champion")
+        champion = client.get_model_version_by_alias(MODEL, "champion")
         view["champion"] = {"name": champion.name, "version": champion.version, "tags": champion.tags}
         view["versions"] = len(client.search_model_versions(f"name = '{champion.name}'"))
+        view["run_tags"] = {run.info.run_name: {k: v for k, v in run.data.tags.items()
+                                                if k in ("mlflow.user", "mlflow.source.git.commit")} for run in runs}
+        evaluation = next(run for run in runs if run.data.tags.get("nmt.kind") == "evaluation")
+        view["evaluation"] = {"metrics": evaluation.data.metrics, "model_version": evaluation.data.tags.get(
+            "model_version"), "registered_model": evaluation.data.tags.get("registered_model")}
         return view
 
 

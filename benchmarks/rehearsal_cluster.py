@@ -3,7 +3,9 @@
 A Ray head and worker nodes started with `ray start`, each a process tree in a mount namespace of
 its own (`unshare -m`) where the other nodes', the laptop's and the servers' directories are empty
 read-only tmpfs mounts. moto's S3 server is the only storage they share; `mlflow server --app-name
-basic-auth` is the team's tracking server. Needs root (mount namespaces).
+basic-auth` on a throwaway PostgreSQL is the team's tracking server, with a person's login (trainer),
+the read-only serving login and the promoting login (deploy/mlflow_users.py). Needs root (mount
+namespaces).
 """
 
 from __future__ import annotations
@@ -15,22 +17,18 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))  # mlflow_users: the team's logins
+from servers import free_port  # noqa: E402
+
 BIN = Path(sys.executable).parent
 BUCKET = "team"
 NODES = ("head", "w1", "w2", "w3")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_http(url: str, timeout_s: float, process: subprocess.Popen | None = None, headers: dict | None = None) -> None:
@@ -70,11 +68,15 @@ class Rehearsal:
         self.processes: dict[str, subprocess.Popen] = {}
         self.token = secrets.token_hex(32)
         self.password = secrets.token_urlsafe(16)  # the trainer's, on the laptop only
-        # For browsing the server afterwards and for the test's checks (owner-readable only).
-        password_file = root / "trainer.password"
-        password_file.touch(mode=0o600)
-        password_file.write_text(self.password)
         self.serving_password = secrets.token_urlsafe(16)  # the Serve replicas', in the nodes' environment
+        self.promoter_password = secrets.token_urlsafe(16)  # the promoting login's: on the laptop only, never a job's
+        # For browsing the server afterwards and for the test's checks (owner-readable only).
+        for name, secret in (("trainer", self.password), ("promoter", self.promoter_password)):
+            password_file = root / f"{name}.password"
+            password_file.touch(mode=0o600)
+            password_file.write_text(secret)
+        self.postgres = None
+        self.mlflow_server = None
         self.s3 = f"http://127.0.0.1:{free_port()}"
         self.aws = {"AWS_ENDPOINT_URL": self.s3, "AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
@@ -116,28 +118,26 @@ class Rehearsal:
         boto3.client("s3", endpoint_url=self.s3, aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal",
                      region_name="us-east-1").create_bucket(Bucket=BUCKET)
 
-    def start_mlflow(self) -> None:
-        """`mlflow server --app-name basic-auth`; artifacts proxied to the bucket; users trainer and serving."""
-        root, port = self.dirs["mlflow"], free_port()
-        admin = secrets.token_urlsafe(16)
-        (root / "basic_auth.ini").write_text(
-            f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{root / 'basic_auth.db'}\n"
-            "admin_username = admin\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-        env = self._env(MLFLOW_AUTH_CONFIG_PATH=str(root / "basic_auth.ini"), MLFLOW_AUTH_ADMIN_PASSWORD=admin,
-                        MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(32), MLFLOW_S3_ENDPOINT_URL=self.s3,
-                        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **self.aws)
-        argv = [str(BIN / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
-                "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                "--artifacts-destination", f"s3://{BUCKET}/mlflow-artifacts"]
-        process = self._start("mlflow", self._isolated("mlflow", argv), env, root)
-        self.mlflow = f"http://127.0.0.1:{port}"
-        wait_http(f"{self.mlflow}/health", 300, process)
-        from mlflow.server import get_app_client
+    def start_mlflow(self, model: str) -> None:
+        """`mlflow server --app-name basic-auth` on PostgreSQL; artifacts proxied to the bucket; the team's logins,
+        the promoting one alone managing `model`."""
+        from mlflow_users import create_user, team_model
+        from servers import MlflowServer, PostgresCluster
 
-        with mlflow_login("admin", admin):
-            client = get_app_client("basic-auth", tracking_uri=self.mlflow)
-            client.create_user("trainer", self.password)
-            client.create_user("serving", self.serving_password)
+        self.postgres = PostgresCluster(durable=False)
+        self.postgres.start()
+        root = self.dirs["mlflow"]
+        self.mlflow_server = MlflowServer(
+            root, self.postgres.database("mlflow"), auth=True, auth_backend=self.postgres.database("mlflow_auth"),
+            artifacts=f"s3://{BUCKET}/mlflow-artifacts", env={**self.aws, "MLFLOW_S3_ENDPOINT_URL": self.s3},
+            wrap=lambda argv: self._isolated("mlflow", argv))
+        self.mlflow_server.start()
+        self.mlflow = self.mlflow_server.uri
+        with self.mlflow_server.admin():
+            for name, password in (("trainer", self.password), ("serving", self.serving_password),
+                                   ("promoter", self.promoter_password)):
+                create_user(self.mlflow, name, password)
+            team_model(self.mlflow, model, "promoter")
 
     def start_node(self, name: str, num_cpus: int) -> None:
         """`ray start --block` of the head (0 CPUs: it runs drivers, as on a real cluster) or of a worker node."""
@@ -223,9 +223,9 @@ class Rehearsal:
         process.wait(30)
         return len(tree)
 
-    def laptop(self, argv: list[str], timeout_s: float = 600) -> subprocess.CompletedProcess:
-        """A command run from the laptop directory, which sees no node's or server's files."""
-        env = self._env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
+    def laptop(self, argv: list[str], timeout_s: float = 600, **extra: str) -> subprocess.CompletedProcess:
+        """A command run from the laptop directory, which sees no node's or server's files (extra: its variables)."""
+        env = self._env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, **extra)
         return subprocess.run(self._isolated("laptop", argv), capture_output=True, text=True, env=env,
                               cwd=self.dirs["laptop"], timeout=timeout_s)
 
@@ -249,7 +249,7 @@ class Rehearsal:
         return self.dashboard_get("/api/jobs/")
 
     def stop(self) -> None:
-        """Stop every node and server (their whole process trees)."""
+        """Stop every node and server (their whole process trees), then the tracking server and its database."""
         import psutil
 
         for process in reversed(list(self.processes.values())):
@@ -261,3 +261,7 @@ class Rehearsal:
                     with contextlib.suppress(psutil.NoSuchProcess):
                         proc.kill()
         self.processes.clear()
+        if self.mlflow_server is not None:
+            self.mlflow_server.stop()
+        if self.postgres is not None:
+            self.postgres.stop()

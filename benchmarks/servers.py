@@ -144,14 +144,14 @@ class PostgresCluster:
         return psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
                                dbname=database, autocommit=True)
 
-    def database(self, name: str) -> str:
-        """Create database `name` (dropped first if it exists); its SQLAlchemy URI for MLflow."""
+    def database(self, name: str, driver: str = "psycopg") -> str:
+        """Create database `name` (dropped first if it exists); its SQLAlchemy URI for MLflow, through driver."""
         from psycopg import sql
 
         with self.connect() as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return f"postgresql+psycopg://{self.user}:{self.password}@127.0.0.1:{self.port}/{name}"
+        return f"postgresql+{driver}://{self.user}:{self.password}@127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
         """pg_ctl stop (fast: open connections are closed), then delete the cluster's directory."""
@@ -174,12 +174,14 @@ class MlflowServer:
 
     def __init__(self, root: Path, backend: str, *, auth: bool = False, auth_backend: str | None = None,
                  artifacts: str | None = None, workers: int = 1, env: dict[str, str] | None = None,
-                 extra: tuple[str, ...] = (), port: int | None = None, auth_cache_s: int = 60):
+                 extra: tuple[str, ...] = (), port: int | None = None, auth_cache_s: int = 60,
+                 wrap=None):
         self.root, self.backend, self.auth, self.workers = Path(root), backend, auth, workers
         self.root.mkdir(parents=True, exist_ok=True)
         self.auth_backend = auth_backend or f"sqlite:///{self.root / 'basic_auth.db'}"
         self.artifacts = artifacts or str(self.root / "artifacts")
         self.env, self.extra, self.auth_cache_s = dict(env or {}), extra, auth_cache_s
+        self.wrap = wrap or (lambda argv: argv)  # e.g. the cluster rehearsal's mount namespace around the command
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.admin_password = secrets.token_urlsafe(16)
@@ -214,8 +216,8 @@ class MlflowServer:
                        MLFLOW_FLASK_SERVER_SECRET_KEY=self.env["MLFLOW_FLASK_SERVER_SECRET_KEY"])
             argv += ["--app-name", "basic-auth"]
         self._log = open(self.root / "server.log", "a")
-        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(self.wrap(argv), stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=self.root, start_new_session=True)
         try:
             wait_http(f"{self.uri}/health", timeout_s, self.process)
         except RuntimeError as err:

@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -44,9 +45,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "deploy")]
 TEAM_MODEL = "transformer-nmt-load"
-# Each server worker's database pool, as deploy/ sizes it (deploy/tracking-server.md).
-SERVER_ENV = {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": "5", "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "10",
-              "MLFLOW_SQLALCHEMYSTORE_POOL_RECYCLE": "1800"}
+# Each server worker's database pool, as deploy/ sizes it (deploy/tracking-server.md): at least twice the
+# worker's 40 request threads, since MLflow's log_batch holds two connections (--pool-size, --max-overflow).
+POOL_SIZE, MAX_OVERFLOW = 20, 60
 
 
 def timed_requests() -> list:
@@ -160,7 +161,7 @@ def sweep_process(spec: dict, out: str) -> None:
     Path(out).write_text(json.dumps({"trials": trials, "requests": record, "errors": errors}))
 
 
-def start_server(store: str, root: Path, postgres, workers: int, auth_cache_s: int = 60):
+def start_server(store: str, root: Path, postgres, args):
     """A fresh `mlflow server --app-name basic-auth` on a fresh store of this kind."""
     from servers import MlflowServer
 
@@ -169,17 +170,27 @@ def start_server(store: str, root: Path, postgres, workers: int, auth_cache_s: i
     else:
         name = f"load_{root.name[-8:].lower()}"
         backend, auth = postgres.database(name), postgres.database(f"{name}_auth")
-    return MlflowServer(root, backend, auth=True, auth_backend=auth, workers=workers, env=SERVER_ENV,
-                        auth_cache_s=auth_cache_s)
+    env = {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": str(args.pool_size),
+           "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": str(args.max_overflow), "MLFLOW_SQLALCHEMYSTORE_POOL_RECYCLE": "1800"}
+    return MlflowServer(root, backend, auth=True, auth_backend=auth, workers=args.workers, env=env,
+                        auth_cache_s=args.auth_cache_s)
+
+
+READ_BACK_S = 300.0  # a store still working through requests the trials gave up on may never answer in time
 
 
 def read_back(server_uri: str, trials: list[dict]) -> dict:
-    """Every run's status and every logged point, counted per run against what its trial queued."""
+    """Every run's status and every logged point, counted per run against what its trial queued.
+
+    Runs not read within READ_BACK_S count as not finished, their points as lost.
+    """
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(server_uri)
+    client, deadline = MlflowClient(server_uri), time.monotonic() + READ_BACK_S
 
     def count(trial: dict) -> tuple[int, str]:
+        if time.monotonic() > deadline:
+            return 0, "not read in time"
         try:
             run = client.get_run(trial["run_id"])
             points = sum(len(client.get_metric_history(trial["run_id"], key)) for key in run.data.metrics
@@ -193,7 +204,8 @@ def read_back(server_uri: str, trials: list[dict]) -> dict:
     stored = sum(points for points, _ in counted)
     queued = sum(t["queued"] for t in trials)
     return {"points_queued": queued, "points_stored": stored, "lost_points": max(queued - stored, 0),
-            "extra_points": max(stored - queued, 0), "runs_not_finished": sum(s != "FINISHED" for _, s in counted)}
+            "extra_points": max(stored - queued, 0), "runs_not_finished": sum(s != "FINISHED" for _, s in counted),
+            "runs_not_read": sum(s in ("not read in time",) or s.startswith("unreadable") for _, s in counted)}
 
 
 def run_level(store: str, trials: int, args, postgres) -> dict:
@@ -208,7 +220,7 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"nmt-load-{store}-"))
     persons = {f"person{p}": secrets.token_urlsafe(12) for p in range(args.processes)}
     promoter_password = secrets.token_urlsafe(12)
-    with start_server(store, root, postgres, args.workers, args.auth_cache_s) as server:
+    with start_server(store, root, postgres, args) as server:
         with server.admin():
             for name, password in {**persons, "promoter": promoter_password}.items():
                 create_user(server.uri, name, password)
@@ -233,7 +245,7 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
         all_trials = [t for r in results for t in r["trials"]]
         # The promoting login's `nmt promote`, then the read-back, as a user's commands would retry them.
         with environment(MLFLOW_TRACKING_USERNAME="promoter", MLFLOW_TRACKING_PASSWORD=promoter_password,
-                         MLFLOW_HTTP_REQUEST_MAX_RETRIES="3", MLFLOW_HTTP_REQUEST_TIMEOUT="60"):
+                         MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_TIMEOUT="20"):
             decided_at, added, champion_version, promote_error = time.monotonic(), [], None, ""
             try:
                 added = registry.register_candidates(server.uri, TEAM_MODEL)
@@ -242,6 +254,7 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
                 promote_error = f"{type(err).__name__}: {str(err)[:300]}"
             promote_s = time.monotonic() - decided_at
             stored = read_back(server.uri, all_trials)
+    shutil.rmtree(root, ignore_errors=True)
     requests = [(url.removeprefix(server.uri), status, seconds) for result in results
                 for url, status, seconds in result["requests"] if url.startswith(server.uri)]
     latencies = sorted(seconds for _, _, seconds in requests)
@@ -263,6 +276,18 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
             "promote_error": promote_error, "promote_s": round(promote_s, 1)}
 
 
+def summarized(levels: list[dict]) -> dict:
+    """The levels, their headline figures under one key each (e.g. postgresql_512), and SQLite's p99 over
+    PostgreSQL's at each load measured on both: what the docs' tables show."""
+    keys = ("trial_errors", "request_errors", "lost_points", "runs_not_finished", "p50_s", "p99_s", "requests_per_s")
+    by_level = {f"{level['store']}_{level['trials']}": {key: level[key] for key in keys} for level in levels}
+    ratios = {f"p99_sqlite_over_postgresql_{n}": round(by_level[f"sqlite_{n}"]["p99_s"] /
+                                                        by_level[f"postgresql_{n}"]["p99_s"], 2)
+              for n in sorted({level["trials"] for level in levels})
+              if f"sqlite_{n}" in by_level and f"postgresql_{n}" in by_level}
+    return {"levels": levels, "by_level": by_level, **ratios}
+
+
 def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
@@ -278,6 +303,8 @@ def main() -> None:
     parser.add_argument("--report-interval-s", type=float, default=10.0, help="train.report_interval_s")
     parser.add_argument("--rows-per-report", type=int, default=10, help="progress lines per report")
     parser.add_argument("--ramp-s", type=float, default=30.0, help="trials start spread over this long")
+    parser.add_argument("--pool-size", type=int, default=POOL_SIZE, help="each server worker's database pool")
+    parser.add_argument("--max-overflow", type=int, default=MAX_OVERFLOW, help="connections beyond the pool")
     parser.add_argument("--auth-cache-s", type=int, default=60,
                         help="how long the server caches a verified login (0: the password hash checked every request)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -290,17 +317,18 @@ def main() -> None:
     log.configure_libraries()  # MLflow's "View run at" lines off, in the sweep processes too
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # no requests to MLflow's telemetry service among the counted
     levels = []
-    with PostgresCluster(durable=True) as postgres:  # durable: fsync on, as a real server runs
+    with PostgresCluster(durable=True, max_connections=500) as postgres:  # fsync on, as a real server runs
         for trials in args.trials:
             for store in args.stores:
                 level = run_level(store, trials, args, postgres)
                 print(json.dumps(level), file=sys.stderr, flush=True)
                 levels.append(level)
-    result = {"benchmark": "tracking_load", "mlflow": _version("mlflow"), "server_workers": args.workers,
-              "auth_cache_s": args.auth_cache_s,
-              "server_env": SERVER_ENV, "client_processes": args.processes, "trial_seconds": args.duration_s,
+    result = {"benchmark": "tracking_load", "date": time.strftime("%Y-%m-%d"), "mlflow": _version("mlflow"),
+              "server_workers": args.workers,
+              "auth_cache_s": args.auth_cache_s, "pool_size": args.pool_size, "max_overflow": args.max_overflow,
+              "client_processes": args.processes, "trial_seconds": args.duration_s,
               "report_interval_s": args.report_interval_s, "rows_per_report": args.rows_per_report,
-              "ramp_s": args.ramp_s, "cpus": os.cpu_count(), "levels": levels}
+              "ramp_s": args.ramp_s, "cpus": os.cpu_count(), **summarized(levels)}
     text = json.dumps(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

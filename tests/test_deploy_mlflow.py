@@ -70,6 +70,9 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
         env["MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW"]["value"])
     max_connections = int(next(a.split("=")[1] for a in postgres["args"] if a.startswith("max_connections=")))
     assert replicas * workers * 2 * per_engine < max_connections, (replicas, workers, per_engine, max_connections)
+    # A worker answers up to 40 requests at once (its thread pool), and MLflow's log_batch holds two connections:
+    # a smaller pool deadlocks under a burst, every request waiting for a connection the others hold.
+    assert per_engine >= 2 * 40, per_engine
     assert replicas >= 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate", "one restarting, one serving"
     service = defined[("Service", "mlflow", "mlflow")]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP", "MLflow stays inside the cluster"

@@ -62,6 +62,10 @@ def test_the_benchmark_table_is_generated_from_results_json():
     assert block.strip() == benchmark_table.headline_markdown(results).strip(), \
         "docs/benchmarks.md's table is out of date; regenerate it: .venv/bin/python tools/benchmark_table.py --write"
     assert block.count("\n| `") == len(benchmark_table.HEADLINES), "a headline's benchmark is missing from results.json"
+    load_page = benchmark_table.LOAD_PAGE.read_text(encoding="utf-8")
+    load_block = load_page.split(benchmark_table.LOAD_START, 1)[1].split(benchmark_table.LOAD_END, 1)[0]
+    assert load_block.strip() == benchmark_table.tracking_load_markdown(results).strip(), \
+        "deploy/tracking-server.md's table is out of date; regenerate it: python tools/benchmark_table.py --write"
 
 
 def test_every_nmt_subcommand_in_the_readme_exists():

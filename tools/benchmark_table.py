@@ -1,7 +1,8 @@
-"""docs/benchmarks.md's headline table, generated from benchmarks/results.json: every figure has one source.
+"""docs/benchmarks.md's headline table and the tracking server guide's load table, generated from
+benchmarks/results.json: every figure has one source.
 
-    python tools/benchmark_table.py          # print the markdown table
-    python tools/benchmark_table.py --write  # replace the block between docs/benchmarks.md's markers
+    python tools/benchmark_table.py          # print the markdown tables
+    python tools/benchmark_table.py --write  # replace the blocks between the pages' markers
 
 `make bench` (benchmarks/run_all.py) writes it after each run; tests/test_readme.py checks that
 docs/benchmarks.md holds exactly this output.
@@ -17,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
 PAGE = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- benchmark-table:start -->", "<!-- benchmark-table:end -->"
+LOAD_PAGE = ROOT / "deploy" / "tracking-server.md"
+LOAD_START, LOAD_END = "<!-- tracking-load-table:start -->", "<!-- tracking-load-table:end -->"
 
 # One row per headline: the script, what it measures, then ours, the baseline of the same run and
 # the ratio, each a str.format template over results.json ({script[key][subkey]}).
@@ -85,6 +88,16 @@ HEADLINES = [
      "450k pairs: {wmt14_rehearsal[prepare_small][driver_peak_rss_mib]:,} "
      "in {wmt14_rehearsal[prepare_small][seconds]:.0f} s",
      "{wmt14_rehearsal[driver_rss_ratio_large_to_small]:.2f}x for 10x the pairs"),
+    ("tracking_load", "one MLflow server with logins, 256 concurrent trials on 2 shared cores: requests failed, "
+                      "points lost, p99 request",
+     "PostgreSQL: {tracking_load[by_level][postgresql_256][request_errors]:,} failed, "
+     "{tracking_load[by_level][postgresql_256][lost_points]:,} lost, "
+     "p99 {tracking_load[by_level][postgresql_256][p99_s]:.2f} s",
+     "SQLite: {tracking_load[by_level][sqlite_256][request_errors]:,} failed, "
+     "{tracking_load[by_level][sqlite_256][lost_points]:,} lost, "
+     "p99 {tracking_load[by_level][sqlite_256][p99_s]:.2f} s",
+     "p99 {tracking_load[p99_sqlite_over_postgresql_256]:.0f}x lower (at 512 both saturate the cores: "
+     "deploy/tracking-server.md)"),
     ("serve", "translation service at 16 clients, sentences/s",
      "dynamic batching: {serve[batched_sentences_per_s]:.1f}; "
      "CTranslate2 int8: {serve[ctranslate2_int8_batched_sentences_per_s]:.1f}",
@@ -106,19 +119,43 @@ def headline_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_table(page: Path = PAGE, results: Path = RESULTS) -> None:
-    """Put the table generated from results between the page's markers (temporary file, then rename)."""
+def tracking_load_markdown(results: dict) -> str:
+    """benchmarks/tracking_load.py's levels as a table: each load on SQLite, then on PostgreSQL."""
+    load = results["tracking_load"]
+    lines = ["| concurrent trials | backend store | trials failed | runs left unfinished | requests failed | "
+             "points lost (of logged) | p50 / p99 / max request, s | requests/s |", "|---|---|---|---|---|---|---|---|"]
+    for level in sorted(load["levels"], key=lambda lv: (lv["trials"], lv["store"] != "sqlite")):
+        store = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}[level["store"]]
+        lines.append(f"| {level['trials']} | {store} | {level['trial_errors']} | {level['runs_not_finished']} | "
+                     f"{level['request_errors']:,} | "
+                     f"{level['lost_points']:,} (of {level['points_queued']:,}) | {level['p50_s']:.2f} / "
+                     f"{level['p99_s']:.2f} / {level['max_s']:.1f} | {level['requests_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def _replace_block(page: Path, start: str, end: str, table: str) -> None:
+    """Put the table between the page's markers (temporary file, then rename)."""
     text = page.read_text(encoding="utf-8")
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    table = headline_markdown(json.loads(results.read_text(encoding="utf-8")))
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
     partial = page.with_suffix(".md.tmp")
-    partial.write_text(f"{head}{START}\n{table}\n{END}{tail}", encoding="utf-8")
+    partial.write_text(f"{head}{start}\n{table}\n{end}{tail}", encoding="utf-8")
     partial.replace(page)
+
+
+def write_table(page: Path = PAGE, results: Path = RESULTS) -> None:
+    """Regenerate the headline table (and the tracking load table, when results has it)."""
+    found = json.loads(results.read_text(encoding="utf-8"))
+    _replace_block(page, START, END, headline_markdown(found))
+    if "tracking_load" in found and page == PAGE:
+        _replace_block(LOAD_PAGE, LOAD_START, LOAD_END, tracking_load_markdown(found))
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write_table()
     else:
-        print(headline_markdown(json.loads(RESULTS.read_text(encoding="utf-8"))))
+        found = json.loads(RESULTS.read_text(encoding="utf-8"))
+        print(headline_markdown(found))
+        if "tracking_load" in found:
+            print("\n" + tracking_load_markdown(found))

@@ -76,8 +76,9 @@ EOF
 unset master_password
 
 # The server's settings: readable by root and the container's user only. The database password is in
-# PGPASSWORD (libpq reads it), in no URI. Sizing as deploy/tracking-server.md says: a worker per CPU
-# (the t3.small has 2), each with a pool of 5 (+10) connections per database, a login cached 60 s.
+# PGPASSWORD (libpq reads it), in no URI. Sizing as deploy/tracking-server.md says: one worker (the
+# t3.small's burst), its pool 20 (+60) connections to each database: at most 160, within what a
+# db.t4g.small allows (about 225); a login cached 60 s.
 cat > /etc/mlflow/basic_auth.ini <<EOF
 [mlflow]
 default_permission = READ
@@ -89,8 +90,8 @@ EOF
 cat > /etc/mlflow/env <<EOF
 MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://mlflow@$db_host:5432/mlflow?sslmode=require
 PGPASSWORD=$db_password
-MLFLOW_SQLALCHEMYSTORE_POOL_SIZE=5
-MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=10
+MLFLOW_SQLALCHEMYSTORE_POOL_SIZE=20
+MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=60
 MLFLOW_SQLALCHEMYSTORE_POOL_RECYCLE=1800
 MLFLOW_DISABLE_TELEMETRY=true
 MLFLOW_AUTH_CONFIG_PATH=/etc/mlflow/basic_auth.ini
@@ -105,5 +106,5 @@ chown -R 10001:10001 /etc/mlflow
 # instance metadata service like the host does).
 docker run -d --name mlflow --restart unless-stopped --network host --user 10001:10001 \
     --env-file /etc/mlflow/env -v /etc/mlflow:/etc/mlflow:ro "$IMAGE" \
-    mlflow server --host 0.0.0.0 --port 5000 --workers 2 --app-name basic-auth \
+    mlflow server --host 0.0.0.0 --port 5000 --workers 1 --app-name basic-auth \
     --artifacts-destination "s3://$BUCKET/mlflow-artifacts" --allowed-hosts "$HOSTS"
