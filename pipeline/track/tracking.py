@@ -166,8 +166,12 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
         experiment_id = (found.experiment_id if found else
                          client.create_experiment(experiment, artifact_location=artifact_location(uri)))
         run_id = _existing_run(client, experiment_id, run_name)
+        logged = {}
         if run_id:
             client.update_run(run_id, status="RUNNING")
+            # A resume may extend the run (a larger train.max_steps): MLflow keeps params as first logged,
+            # so only those a lost response left unwritten are added.
+            logged = client.get_run(run_id).data.params
         else:
             all_tags = {**standard_tags(source, user), RUN_NAME_TAG: run_name, "mlflow.runName": run_name,
                         **{key: redact_uri(str(value)) for key, value in tags.items()}}
@@ -175,7 +179,7 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run_id = _adopted(client, uri, adopt_run_id, all_tags) or _created(client, experiment_id, run_name,
                                                                                all_tags)
-        items = sorted(params.items())
+        items = sorted((key, value) for key, value in params.items() if key not in logged)
         for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
             client.log_batch(run_id, params=[_param(k, v) for k, v in items[start: start + 100]])
     except MlflowException as err:
