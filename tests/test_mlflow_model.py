@@ -13,6 +13,7 @@ from conftest import free_port, stop_process, wait_http
 from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
+from pipeline.common.environment import environment
 from pipeline.text.translator import Translator
 from pipeline.track import champion as champion_rule
 from pipeline.track import registry, tracking
@@ -96,10 +97,7 @@ def test_packaged_model_translates_in_a_fresh_process_from_its_own_code(champion
 
 
 def test_registered_model_holds_no_pickles(champion, tmp_path):
-    import mlflow
-
-    mlflow.set_tracking_uri(champion.uri)
-    local = mlflow.artifacts.download_artifacts(f"models:/{champion.model_name}/{champion.version}", dst_path=tmp_path)
+    local = _downloaded(champion, tmp_path)
     files = [os.path.relpath(os.path.join(d, f), local) for d, _, names in os.walk(local) for f in names]
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".pth", ".bin", ".joblib"))], files
     assert any(f.endswith("model.safetensors") for f in files) and any(f.endswith("spm.model") for f in files)
@@ -225,12 +223,17 @@ def test_a_champion_that_cannot_be_read_is_an_error_not_no_champion(monkeypatch)
         champion_rule.champion_bleu(f"http://127.0.0.1:{free_port()}", "m")
 
 
-def _translator_files(champion):
+def _downloaded(champion, destination=None) -> str:
+    """The champion version's files, looked up in its server's registry (the process-wide URIs left alone)."""
     import mlflow
 
-    mlflow.set_tracking_uri(champion.uri)
-    local = mlflow.artifacts.download_artifacts(f"models:/{champion.model_name}/{champion.version}")
-    return os.path.join(local, "artifacts", "translator")
+    with environment(MLFLOW_TRACKING_URI=champion.uri, MLFLOW_REGISTRY_URI=champion.uri):
+        return mlflow.artifacts.download_artifacts(f"models:/{champion.model_name}/{champion.version}",
+                                                   dst_path=destination)
+
+
+def _translator_files(champion):
+    return os.path.join(_downloaded(champion), "artifacts", "translator")
 
 
 def test_evaluate_scores_a_split_and_logs_a_linked_evaluation_run(champion, capsys):

@@ -164,7 +164,9 @@ def _claimed(client, name: str, claim: str) -> bool:
 
     try:
         client.set_registered_model_tag(name, LOCK_TAG, claim)
-    except MlflowException:  # a store racing two writes of the tag (SQLite's insert-or-update): the other won
+    except MlflowException as err:  # a store racing two writes of the tag (SQLite's insert-or-update): the other won
+        if err.get_http_status_code() == 403:  # this login may not change the model: waiting will not help
+            raise
         return False
     time.sleep(LOCK_SETTLE_S)
     return client.get_registered_model(name).tags.get(LOCK_TAG, "") == claim

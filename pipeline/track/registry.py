@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,11 +52,19 @@ def pip_requirements() -> list[str]:
     return [f"{name}=={metadata.version(name).split('+')[0]}" for name in REQUIREMENTS]
 
 
-def _fluent(uri: str):
+_FLUENT_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _fluent(uri: str) -> Iterator[None]:
     """MLflow's fluent API (log_model, load_model) pointed at uri for a block: it reads the tracking and
-    registry URIs from the environment, set here and restored after (never mlflow.set_tracking_uri, which
-    changes them for the whole process)."""
-    return environment(MLFLOW_TRACKING_URI=uri, MLFLOW_REGISTRY_URI=uri)
+    registry URIs from the environment, set here and restored after (never mlflow.set_tracking_uri).
+
+    The environment is the whole process's: one block at a time, else one thread's restore would point
+    another's calls elsewhere mid-block (two registrations at once in one process).
+    """
+    with _FLUENT_LOCK, environment(MLFLOW_TRACKING_URI=uri, MLFLOW_REGISTRY_URI=uri):
+        yield
 
 
 def log_model(run: Run, translator: Translator, example: str):
@@ -229,7 +238,7 @@ def translator_files(uri: str, model_uri: str) -> Iterator[Path]:
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            repository = get_artifact_repository(model_uri, tracking_uri=uri, registry_uri=uri)
+            repository = get_artifact_repository(_artifact_location(uri, model_uri), tracking_uri=uri)
             if not repository.list_artifacts(TRANSLATOR_FILES):
                 raise UserError(f"model {model_uri!r} has no {TRANSLATOR_FILES}/ (safetensors weights, JSON config, "
                                 f"SentencePiece): it was not packaged by `nmt train`; register one that was")
@@ -238,6 +247,20 @@ def translator_files(uri: str, model_uri: str) -> Iterator[Path]:
             raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
         check_translator_files(local, model_uri)
         yield local
+
+
+def _artifact_location(uri: str, model_uri: str) -> str:
+    """Where a models:/ URI's files are, looked up in this tracking server's registry (MLflow's own lookup
+    reads the process-wide registry URI); any other URI as it is."""
+    if not model_uri.startswith("models:/"):
+        return model_uri
+    from mlflow.store.artifact.utils.models import get_model_name_and_version
+
+    client = mlflow_client(uri)
+    found = get_model_name_and_version(client, model_uri)
+    if len(found) == 1:  # models:/m-<id>, a logged model
+        return client.get_logged_model(found[0]).artifact_location
+    return client.get_model_version_download_uri(*found)
 
 
 def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
