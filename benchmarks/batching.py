@@ -1,4 +1,5 @@
-"""Padding efficiency and build time of token-budget batches versus random batches on Multi30k.
+"""Padding efficiency and build time of token-budget batches versus random batches on Multi30k, and the tensor
+shapes an epoch brings with and without a ShapePolicy (widths to a multiple, rows to a few sizes).
 
 Prints one JSON object. Needs numpy, torch and sentencepiece (no Ray, no MLflow); trains the
 project's SentencePiece recipe (joint BPE, vocab 8000) on the training pairs in a temporary
@@ -6,6 +7,7 @@ directory, then batches the encoded lengths:
 
     python benchmarks/batching.py                                  # ../shared/data/multi30k
     python benchmarks/batching.py --data-dir /data/multi30k --max-tokens 25000
+    python benchmarks/batching.py --max-tokens 8192 --shapes 8:3,16:3   # pad multiple:row buckets
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from pipeline.train.batching import padding_efficiency, random_batches, token_budget_batches  # noqa: E402
+from pipeline.train.batching import (  # noqa: E402
+    padding_efficiency,
+    random_batches,
+    shaped_batches,
+    token_budget_batches,
+)
+from pipeline.train.shapes import ShapePolicy, batch_shapes, computed_efficiency  # noqa: E402
 
 
 def default_data_dir() -> Path:
@@ -75,6 +83,26 @@ def measure(builder, src, tgt, max_tokens: int, repeats: int) -> dict:
     }
 
 
+def shape_figures(src, tgt, max_tokens: int, shapes: ShapePolicy | None, epochs: int) -> dict:
+    """Distinct tensor shapes per epoch and over `epochs` epochs, batches, and the share of computed tokens that
+    are real, for today's token-budget batches (shapes None) or shaped ones."""
+    per_epoch, union, efficiency, count = [], set(), [], []
+    shapes = shapes.fitted(src, tgt) if shapes is not None else None  # as the training loop fits it to its shard
+    for epoch in range(epochs):
+        if shapes is None:
+            batches = token_budget_batches(src, tgt, max_tokens, seed=0, epoch=epoch)
+        else:
+            batches = shaped_batches(src, tgt, shapes, seed=0, epoch=epoch)
+        found = set(batch_shapes(batches, src, tgt, shapes))
+        per_epoch.append(len(found))
+        union |= found
+        efficiency.append(computed_efficiency(batches, src, tgt, shapes))
+        count.append(len(batches))
+    return {"shapes_per_epoch": per_epoch, f"shapes_in_{epochs}_epochs": len(union),
+            "batches_per_epoch": round(statistics.mean(count), 1),
+            "computed_efficiency": round(statistics.mean(efficiency), 4)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -88,6 +116,9 @@ def main(argv=None):
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed builds per strategy, one epoch each; the median is reported"
     )
+    parser.add_argument("--shapes", default="8:3,16:3",
+                        help="comma-separated pad_multiple:batch_buckets settings whose shapes are counted")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs whose shapes are counted")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
@@ -107,7 +138,15 @@ def main(argv=None):
         "random": baseline,
         "padded_tokens_saved": round(1 - baseline["padding_efficiency"] / token_budget["padding_efficiency"], 4),
         "tokenize_s": round(tokenize_s, 2),
+        "shapes": {"exact": shape_figures(src, tgt, args.max_tokens, None, args.epochs)},
     }
+    for setting in filter(None, args.shapes.split(",")):
+        multiple, buckets = map(int, setting.split(":"))
+        shaped = shape_figures(src, tgt, args.max_tokens, ShapePolicy(args.max_tokens, multiple, buckets), args.epochs)
+        # What the padding costs: more computed tokens for the same real ones, as a fraction of today's.
+        shaped["computed_tokens_vs_exact"] = round(
+            result["shapes"]["exact"]["computed_efficiency"] / shaped["computed_efficiency"], 4)
+        result["shapes"][f"pad_multiple={multiple},batch_buckets={buckets}"] = shaped
     print(json.dumps(result))
 
 

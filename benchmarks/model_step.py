@@ -4,6 +4,14 @@ Prints one JSON object. Runs with torch alone (no Ray, no MLflow), on CPU or an 
 
     python benchmarks/model_step.py                          # CPU, tiny-sized model
     python benchmarks/model_step.py --device cuda --preset base --dtype bf16 --batch 512 --max-len 64 --compile
+    python benchmarks/model_step.py --variants fused_adam,vocab_padded,compiled --no-baseline --decode-presets ""
+
+--variants measures other steps of our model in the same alternating rounds as the eager one:
+fused_adam (Adam with fused=True), vocab_padded (the output layer rounded up to a multiple of 128
+rows, the same FLOPs counted), compiled (the training loop's compiled step: torch.compile of the
+model and of the loss, dynamic shapes, fused Adam on a GPU; --compile-mode picks the mode).
+MFU counts 6 x parameters FLOPs per target token (the tied output layer included, attention's
+own products not) over the chip's dense peak (--peak-tflops, else known from its name).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -81,9 +90,9 @@ def reference_loss(logits, target, epsilon, pad_id, compute_nll=False):
     return loss, None, (flat != pad_id).sum()
 
 
-def train_throughput(model, batches, dtype, device, warmup=2, loss_fn=label_smoothed_cross_entropy):
-    """Target tokens per second of forward + backward + Adam over the batches."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+def train_throughput(model, batches, dtype, device, warmup=2, loss_fn=label_smoothed_cross_entropy, fused=False):
+    """Target tokens per second of forward + backward + Adam over the batches (one host sync at the end)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused)
     autocast = torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
     model.train()
 
@@ -94,15 +103,15 @@ def train_throughput(model, batches, dtype, device, warmup=2, loss_fn=label_smoo
         optimizer.zero_grad(set_to_none=True)
         (loss / count).backward()
         optimizer.step()
-        return int(count)
+        return count.detach()  # summed on the device: no host sync per step
 
     for batch in batches[:warmup]:
         step(*batch)
     _sync(device)
     start, tokens = time.perf_counter(), 0
     for batch in batches[warmup:]:
-        tokens += step(*batch)
-    _sync(device)
+        tokens = tokens + step(*batch)
+    tokens = int(tokens)  # waits for the last step
     return tokens / (time.perf_counter() - start)
 
 
@@ -136,7 +145,13 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def main(argv=None):
+# Dense bf16 peaks (TFLOP/s) by device name, most specific first: MFU divides by these.
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H20", 148.0),
+               ("A100", 312.0), ("L40S", 362.0), ("A10", 125.0))
+VARIANTS = ("fused_adam", "vocab_padded", "compiled")
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "base", "big"])
     parser.add_argument("--vocab-size", type=int, default=8000)
@@ -148,30 +163,63 @@ def main(argv=None):
     parser.add_argument("--decode-presets", default="tiny,base",
                         help="comma-separated presets whose greedy decoding is timed ('' for none)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
+    parser.add_argument("--variants", default="", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--compile-mode", default="default", help="torch.compile mode of the compiled variant")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="leave out nn.Transformer and the F.cross_entropy loss")
     parser.add_argument("--decode-steps", type=int, default=40)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    parser.add_argument("--peak-tflops", type=float, default=989.0,
-                        help="dense bf16 peak of the accelerator for MFU (H100/H200 SXM: 989)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="dense bf16 peak of the accelerator for MFU (0: by its name; H100/H200 SXM: 989)")
     args = parser.parse_args(argv)
+    unknown = set(filter(None, args.variants.split(","))) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown --variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    return args
 
-    device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab_size)
-    torch.manual_seed(0)
-    ours = Transformer(cfg).to(device)
-    baseline = NNTransformerBaseline(cfg).to(device)
-    batches = make_batches(cfg, args.steps + 2, args.batch, args.max_len, device)
-    # Fixed shapes, so each model compiles once (in the warm-up steps, which are not timed).
-    train_ours = torch.compile(ours) if args.compile else ours
-    train_base = torch.compile(baseline) if args.compile else baseline
 
-    ours_tps, base_tps, reference_loss_tps = [], [], []
-    for _ in range(args.rounds):  # alternate so that machine noise hits both alike
-        ours_tps.append(train_throughput(train_ours, batches, dtype, device))
-        base_tps.append(train_throughput(train_base, batches, dtype, device))
-        reference_loss_tps.append(train_throughput(train_ours, batches, dtype, device, loss_fn=reference_loss))
+def peak_tflops(args, device) -> float | None:
+    """The chip's dense peak: --peak-tflops, else from its name; None on a CPU or an unknown chip."""
+    if args.peak_tflops or device.type != "cuda":
+        return args.peak_tflops or None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
 
+
+def variant_steps(args, cfg, ours, device) -> dict:
+    """Name -> (model, loss function, fused Adam) of each measured step of our model."""
+    fused = device.type == "cuda"  # as the training loop sets it
+    steps = {"eager": (torch.compile(ours) if args.compile else ours, label_smoothed_cross_entropy, False)}
+    for name in filter(None, args.variants.split(",")):
+        if name == "fused_adam":
+            steps[name] = (ours, label_smoothed_cross_entropy, True)
+        elif name == "vocab_padded":
+            padded = replace(cfg, vocab_size=-(-cfg.vocab_size // 128) * 128)
+            steps[name] = (Transformer(padded).to(device), label_smoothed_cross_entropy, False)
+        elif name == "compiled":  # pipeline/train/step.py: the model and the loss compiled, dynamic shapes
+            compiled_loss = torch.compile(reference_loss, mode=args.compile_mode, dynamic=True)
+            steps[name] = (torch.compile(ours, mode=args.compile_mode, dynamic=True), compiled_loss, fused)
+    return steps
+
+
+def measure_training(args, cfg, ours, batches, dtype, device) -> dict[str, float]:
+    """Median target tokens/s of each step, in alternating rounds so that machine noise hits all alike."""
+    steps = variant_steps(args, cfg, ours, device)
+    if args.baseline:
+        baseline = NNTransformerBaseline(cfg).to(device)
+        steps["nn_transformer"] = (torch.compile(baseline) if args.compile else baseline,
+                                   label_smoothed_cross_entropy, False)
+        steps["reference_loss"] = (steps["eager"][0], reference_loss, False)
+    rates = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, (model, loss_fn, fused) in steps.items():
+            rates[name].append(train_throughput(model, batches, dtype, device, loss_fn=loss_fn, fused=fused))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def measure_decoding(args, device) -> dict:
+    """Greedy decoding sentences/s with and without the cache, per preset."""
     decode = {}
     for preset in filter(None, args.decode_presets.split(",")):
         decode_cfg = TransformerConfig.preset(preset, vocab_size=args.vocab_size)
@@ -186,12 +234,25 @@ def main(argv=None):
             "sentences_per_s_uncached": round(statistics.median(uncached), 2),
             "cache_speedup": round(statistics.median(cached) / statistics.median(uncached), 2),
         }
+    return decode
 
-    train_ours, train_base = statistics.median(ours_tps), statistics.median(base_tps)
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab_size)
+    torch.manual_seed(0)
+    ours = Transformer(cfg).to(device)
+    # Fixed shapes, so each compiled model compiles once (in the warm-up steps, which are not timed).
+    batches = make_batches(cfg, args.steps + 2, args.batch, args.max_len, device)
+    rates = measure_training(args, cfg, ours, batches, dtype, device)
+    decode = measure_decoding(args, device)
+
+    eager = rates["eager"]
     target_tokens = sum(int((b[2] != PAD).sum()) for b in batches) / len(batches)
-    non_embedding = ours.num_parameters() - cfg.vocab_size * cfg.d_model
-    # ~6 FLOPs per parameter per token (forward 2, backward 4), plus the tied output layer.
-    flops_per_token = 6 * (non_embedding + cfg.vocab_size * cfg.d_model)
+    # ~6 FLOPs per parameter per token (forward 2, backward 4), the tied output layer included.
+    flops_per_token = 6 * ours.num_parameters()
     result = {
         "benchmark": "model_step",
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
@@ -200,18 +261,26 @@ def main(argv=None):
         "preset": args.preset, "dtype": args.dtype, "parameters": ours.num_parameters(),
         "batch": args.batch, "max_len": args.max_len, "target_tokens_per_batch": round(target_tokens),
         "compile": args.compile,
-        "train_tokens_per_s": round(train_ours, 1),
-        "nn_transformer_tokens_per_s": round(train_base, 1),
-        "train_speed_ratio": round(train_ours / train_base, 3),
-        # Our model with F.cross_entropy(label_smoothing=0.1) in place of the fused loss of model/training.py.
-        "reference_loss_tokens_per_s": round(statistics.median(reference_loss_tps), 1),
-        "fused_loss_speedup": round(train_ours / statistics.median(reference_loss_tps), 3),
-        "decode_tokens": args.decode_steps, "decode_batch": args.decode_batch,
-        "decode": decode,
+        "train_tokens_per_s": round(eager, 1),
     }
-    if device.type == "cuda":
-        result["model_tflops"] = round(train_ours * flops_per_token / 1e12, 1)
-        result["mfu"] = round(train_ours * flops_per_token / (args.peak_tflops * 1e12), 3)
+    if args.baseline:
+        result.update({
+            "nn_transformer_tokens_per_s": round(rates["nn_transformer"], 1),
+            "train_speed_ratio": round(eager / rates["nn_transformer"], 3),
+            # Our model with F.cross_entropy(label_smoothing=0.1) in place of the fused loss of model/training.py.
+            "reference_loss_tokens_per_s": round(rates["reference_loss"], 1),
+            "fused_loss_speedup": round(eager / rates["reference_loss"], 3),
+        })
+    result["variants"] = {name: {"tokens_per_s": round(rate, 1), "vs_eager": round(rate / eager, 3)}
+                          for name, rate in rates.items() if name in VARIANTS}
+    result.update({"decode_tokens": args.decode_steps, "decode_batch": args.decode_batch, "decode": decode})
+    peak = peak_tflops(args, device)
+    if peak:
+        result["peak_tflops"] = peak
+        result["model_tflops"] = round(eager * flops_per_token / 1e12, 1)
+        result["mfu"] = round(eager * flops_per_token / (peak * 1e12), 3)
+        for figures in result["variants"].values():
+            figures["mfu"] = round(figures["tokens_per_s"] * flops_per_token / (peak * 1e12), 3)
     print(json.dumps(result))
     return result
 
