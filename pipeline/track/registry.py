@@ -145,7 +145,8 @@ def _create_version(uri: str, name: str, model_uri: str, model_id: str | None, r
     except MlflowException as err:
         if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise
-    return str(client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id, tags=tags).version)
+    with _fluent(uri):  # a database store finds the logged model through the process-wide URI, not the client's
+        return str(client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id, tags=tags).version)
 
 
 def mark_candidate(run: Run, name: str, model_uri: str, model_id: str | None, tags: dict[str, str]) -> None:
