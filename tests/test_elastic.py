@@ -17,8 +17,8 @@ from pipeline.text.tokenizer import PAD_ID
 from pipeline.track import reports
 from pipeline.train import elastic
 from pipeline.train.epoch_plan import NO_EXAMPLES, EpochData, pack
-from pipeline.train.loop import Progress
 from pipeline.train.prefetch import BatchPrefetcher
+from pipeline.train.progress import Progress
 from pipeline.train.shapes import ShapePolicy, batch_shapes
 from pipeline.train.shard import TokenShard
 
@@ -98,7 +98,7 @@ def _segment(split_dir, progress, workers, steps, shapes=None):
         end = len(batches) if steps is None else min(len(batches), start + steps)
         consumed = [data.shard.rows[index] for index in batches[start:end]]
         mine.batch_in_epoch = end
-        mine.seen = data.seen(mine)
+        mine.record_seen(data.seen(mine))
         out[rank] = (consumed, mine, batches)
 
     threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(workers)]

@@ -59,6 +59,20 @@ class Restart:
     cause: str  # resize, preemption, failure, rerun (elastic.restart_cause)
     from_workers: int
     from_step: int
+    number: int  # the run's restarts so far, this one included
+
+    def values(self) -> dict[str, Any]:
+        """As report values, sent once with the first report after the restart."""
+        return {"restarts": self.number, "restart_cause": self.cause, "resumed_from_step": self.from_step,
+                "restart_from_workers": self.from_workers}
+
+    @staticmethod
+    def tag(values: dict[str, Any]) -> dict[str, str]:
+        """The MLflow tag of a row of report values that tells of a restart (none for other rows)."""
+        if "restart_cause" not in values:
+            return {}
+        return {f"restart.{values['restarts']}": f"{values['restart_cause']} at step {values['resumed_from_step']}, "
+                                                 f"{values['restart_from_workers']} -> {values['world_size']} workers"}
 
 
 @dataclass(frozen=True)

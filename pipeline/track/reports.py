@@ -8,7 +8,7 @@ from typing import Any
 
 from ..common import log
 from ..common.environment import set_for_process
-from ..common.messages import INTERNAL_KEYS, STEP_KEYS, Report
+from ..common.messages import INTERNAL_KEYS, STEP_KEYS, Report, Restart
 from .login import redact
 from .target import TrackingTarget
 from .tracking import Run
@@ -48,9 +48,7 @@ def node_metric_entries(samples: list[dict[str, float]]) -> list:
 
 def restart_tags(report: Report) -> dict[str, str]:
     """A tag per restart that a report (or its earlier values) tells of: restart.<n> = why, where, how many workers."""
-    return {f"restart.{row['restarts']}": f"{row['restart_cause']} at step {row['resumed_from_step']}, "
-                                          f"{row['restart_from_workers']} -> {row['world_size']} workers"
-            for row in report.rows() if "restart_cause" in row}
+    return {key: tag for row in report.rows() for key, tag in Restart.tag(row).items()}
 
 
 def log_metrics(run: Run, values: dict[str, Any]) -> None:

@@ -9,6 +9,8 @@ learning-rate schedule counts updates and so runs on unchanged.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 # Why a run's workers started again from a checkpoint (a tag per restart in MLflow).
 PREEMPTION, RESIZE, FAILURE, RERUN = "preemption", "resize", "failure", "rerun"
@@ -70,3 +72,29 @@ def wait_for_restart(deadline_ms: int | None, noticed_at: float, poll_s: float =
     until = time.time() + seconds_left(deadline_ms, noticed_at) + RESTART_WAIT_S
     while time.time() < until:
         time.sleep(poll_s)
+
+
+class Holds:
+    """The preemption notices this process has checkpointed and held for. A drain that never completes keeps its
+    notice up: the run checkpoints and holds for it once, then trains on."""
+
+    def __init__(self, ask: Callable[[], Any]):
+        self.ask, self.held_for = ask, set()
+
+    def notice(self) -> Any:
+        """A notice not held for yet (all ranks ask together: the question is a barrier), else None."""
+        found = self.ask()
+        return None if found is None or notice_key(found) in self.held_for else found
+
+    def hold(self, notice: Any, checkpoint: Callable[[float], None], say: Callable[[str], None]) -> None:
+        """A worker's node is being reclaimed: checkpoint(seconds before the deadline) now, then no more updates
+        (they would be lost with the node) until Ray Train restarts the workers from it after the deadline."""
+        noticed_at = time.time()
+        warning_s = seconds_left(notice.deadline_ms, noticed_at)
+        self.held_for.add(notice_key(notice))
+        say(f"node(s) of rank(s) {notice.preempted_ranks} are being preempted (deadline in {warning_s:.0f}s): "
+            "checkpointing")
+        checkpoint(warning_s)
+        say(f"checkpoint stored {seconds_left(notice.deadline_ms, noticed_at):.0f}s before the deadline; "
+            "waiting for Ray Train to resume the run from it")
+        wait_for_restart(notice.deadline_ms, noticed_at)

@@ -16,15 +16,11 @@ import numpy as np
 import torch
 
 from .batching import equalize_batch_count, shaped_batches, token_budget_batches
+from .progress import Progress
 from .shapes import ShapePolicy
 from .shard import TokenShard, split_rows
 
 NO_EXAMPLES = np.empty(0, np.int64)  # a rank's step without examples: its ranks' others still need one each
-
-
-def nothing() -> torch.Tensor:
-    """The bitmap of an epoch that has seen nothing yet."""
-    return torch.empty(0, dtype=torch.uint8)
 
 
 def pack(seen: np.ndarray) -> torch.Tensor:
@@ -61,15 +57,13 @@ class EpochData:
         self._shard_of: tuple | None = None  # (segment_seen's bytes, world size) the shard was read for
         self.batches: list[np.ndarray] = []
 
-    def begin(self, progress) -> list[np.ndarray]:
+    def begin(self, progress: Progress) -> list[np.ndarray]:
         """This rank's batches for the rest of the epoch, the same count on every rank (or the all-reduce hangs).
 
         At another worker count than the epoch's position was counted at, a new segment starts from what
         the epoch has seen; at the same count the segment's batches come back, to go on at batch_in_epoch.
         """
-        if progress.segment_workers != self.world_size:
-            progress.segment_seen, progress.segment_workers, progress.batch_in_epoch = (
-                progress.seen, self.world_size, 0)
+        progress.running_on(self.world_size)
         segment = (progress.segment_seen.cpu().numpy().tobytes(), self.world_size)
         if self._shard_of != segment:
             self.shard = None  # let go of the old shard before the new one is read
@@ -87,9 +81,12 @@ class EpochData:
         # A rank with fewer examples than the count (a small rest of an epoch after a resize) makes empty steps.
         cut = equalize_batch_count(batches, min(count, len(self.shard)), *lengths)
         self.batches = cut + [NO_EXAMPLES] * (count - len(cut))
+        if progress.batch_in_epoch >= len(self.batches):  # an epoch's last update moves progress to the next
+            raise RuntimeError(f"epoch {progress.epoch} has no batches left at batch {progress.batch_in_epoch}: "
+                               "the checkpoint was saved at the end of an epoch without moving on to the next")
         return self.batches
 
-    def seen(self, progress) -> torch.Tensor:
+    def seen(self, progress: Progress) -> torch.Tensor:
         """The examples the epoch has seen, all ranks together, up to batch_in_epoch (every rank calls it)."""
         mine = np.zeros(self.size, bool)
         done = self.batches[:progress.batch_in_epoch]
@@ -99,12 +96,6 @@ class EpochData:
         for part in self.gather(pack(mine)):
             seen |= unpack(part, self.size)
         return pack(seen)
-
-    def next_epoch(self, progress) -> None:
-        """The next epoch starts with nothing seen, in one segment at this worker count."""
-        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-        progress.seen, progress.segment_seen = nothing(), nothing()
-        progress.segment_workers = self.world_size
 
     def full_epoch_batches(self) -> int:
         """About how many batches a whole epoch at this worker count has (the segment may be its rest only)."""

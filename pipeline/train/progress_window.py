@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -51,7 +50,7 @@ class HeldReports:
     def hold(self, metrics: dict) -> None:
         self.values.append(metrics)
 
-    def flush(self, send: Callable[[list[dict]], None]) -> None:
-        """send(held values) with a report, then hold anew."""
-        send(self.values)
-        self.values, self.last = [], time.monotonic()
+    def take(self) -> tuple[dict, ...]:
+        """The values held so far, for the report about to be sent; holding starts anew."""
+        taken, self.values, self.last = tuple(self.values), [], time.monotonic()
+        return taken

@@ -14,6 +14,7 @@ import torch
 
 from ..config import TrainConfig
 from . import elastic
+from .progress import Progress
 from .workers import all_reduce_max
 
 
@@ -54,7 +55,7 @@ class Schedule:
             remaining = min(remaining, self.cfg.time_budget_s - train_seconds)
         return max(remaining, 0.0)
 
-    def after_update(self, progress, end_of_epoch: bool, report_waited: bool) -> Due:
+    def after_update(self, progress: Progress, end_of_epoch: bool, report_waited: bool) -> Due:
         """What update `progress.step` is due for; sets progress.finished when the run ends there."""
         cfg, step = self.cfg, progress.step
         out_of_steps = bool(cfg.max_steps) and step >= cfg.max_steps
@@ -70,5 +71,5 @@ class Schedule:
             if cfg.time_budget_s and elapsed_ms:  # the same estimate on every rank, or replicas drift
                 self.end_step = min(self.total, round(step * cfg.time_budget_s * 1000 / elapsed_ms))
         if end_of_epoch and progress.epoch + 1 >= cfg.epochs or out_of_steps:
-            progress.finished = True
+            progress.finish()
         return Due(line or validate or progress.finished, validate or progress.finished, bool(report))

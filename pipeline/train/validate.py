@@ -12,10 +12,11 @@ import torch
 from model import Transformer, label_smoothed_cross_entropy
 
 from ..config import TrainConfig
+from ..data.manifest import Manifest
 from ..text.metrics import score
 from ..text.tokenizer import Tokenizer
 from ..text.translator import translate_ids
-from .shard import TokenShard
+from .shard import COLUMNS, TokenShard
 from .workers import WorkerContext, all_gather_objects, all_reduce_
 
 DECODE_CHUNK = 256  # sentences a rank decodes between two questions about preemption
@@ -67,3 +68,20 @@ def validate(model: Transformer, val: TokenShard, refs: Sequence[str], tokenizer
         raise RuntimeError(f"data-parallel ranks diverged: parameter checksums {checksums}")
     return {"param_checksum": checksum, "val_loss": loss_sum / max(tokens, 1), "val_nll": nll_sum / max(tokens, 1),
             "val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "val_seconds": time.perf_counter() - started}
+
+
+class Validator:
+    """The validation split, read once, scored on demand; notice() is asked between decoding chunks when the run
+    checks for preemption."""
+
+    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, cfg: TrainConfig, ctx: WorkerContext,
+                 notice: Callable[[], object]):
+        split = manifest.read_split("validation", [*COLUMNS, "tgt"])
+        self.val, self.refs = TokenShard.from_batches([split]), split.column("tgt").to_pylist()
+        self.tokenizer, self.cfg, self.ctx = tokenizer, cfg, ctx
+        self.notice = notice if cfg.preemption_check_s else None
+
+    def score(self, model: Transformer, ask: bool = True) -> dict[str, float]:
+        """validate() of the model (ask=False: no questions, e.g. at the run's end, where nothing is held)."""
+        return validate(model, self.val, self.refs, self.tokenizer, self.cfg, self.ctx,
+                        notice=self.notice if ask else None)
