@@ -129,16 +129,22 @@ def _reverse_batch(gen, batch, vocab):
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
-def test_the_model_learns_to_reverse_sequences():
-    """Real learning on CPU in well under a minute: >= 99% exact match on held-out sequences."""
-    torch.manual_seed(0)
+# Seeds spread more than CPUs do: `python benchmarks/reverse_seeds.py` gave 0.94 to 1.0 over seeds 0-7 on
+# a 2-core machine of this project's kind (seed 0, the test's: 1.0 there, 0.985 on a host with AMX). The
+# floor sits under the lowest seed; an untrained model scores 0.
+REVERSE_FLOOR = 0.90
+
+
+def reverse_exact_match(seed: int) -> float:
+    """Exact match on 200 held-out sequences after 800 updates of a small Transformer (seeded by `seed`)."""
+    torch.manual_seed(seed)
     vocab = 36
     cfg = TransformerConfig.preset("tiny", vocab_size=vocab, d_model=64, d_ff=128, num_heads=4,
                                    num_layers=2, dropout=0.0, label_smoothing=0.0)
     model = Transformer(cfg)
     optimizer = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
     scheduler = warmup_schedule(optimizer, cfg.d_model, warmup_steps=50, scale=0.25)
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed + 1)
     for _ in range(800):
         src, tgt_in, tgt_out = _reverse_batch(gen, 64, vocab)
         loss, _, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.0, PAD)
@@ -150,5 +156,10 @@ def test_the_model_learns_to_reverse_sequences():
     src, tgt_in, tgt_out = _reverse_batch(torch.Generator().manual_seed(99), 200, vocab)
     hypotheses = greedy_search(model, src)
     references = [[t for t in row if t not in (PAD, EOS)] for row in tgt_out.tolist()]
-    exact = sum(h == r for h, r in zip(hypotheses, references)) / len(references)
-    assert exact >= 0.99, exact
+    return sum(h == r for h, r in zip(hypotheses, references)) / len(references)
+
+
+def test_the_model_learns_to_reverse_sequences():
+    """Real learning on CPU in well under a minute: nearly every held-out sequence reversed exactly."""
+    exact = reverse_exact_match(0)
+    assert exact >= REVERSE_FLOOR, exact

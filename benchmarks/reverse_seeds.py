@@ -1,0 +1,32 @@
+"""The reverse-sequence test's exact match over several seeds: the spread its floor must stay under.
+
+    python benchmarks/reverse_seeds.py [--seeds 8]
+
+Prints one JSON object: each seed's exact match, the lowest, and the test's floor. CPUs differ
+(AVX-512, AMX kernels round differently), so run it on a new kind of machine before raising the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from test_model_training import REVERSE_FLOOR, reverse_exact_match  # noqa: E402
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=8)
+    args = parser.parse_args()
+    exact = {seed: reverse_exact_match(seed) for seed in range(args.seeds)}
+    result = {"exact_match": exact, "lowest": min(exact.values()), "floor": REVERSE_FLOOR}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
