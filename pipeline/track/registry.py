@@ -239,29 +239,19 @@ def translator_files(uri: str, model_uri: str) -> Iterator[Path]:
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            repository = get_artifact_repository(_artifact_location(uri, model_uri), tracking_uri=uri)
-            if not repository.list_artifacts(TRANSLATOR_FILES):
-                raise UserError(f"model {model_uri!r} has no {TRANSLATOR_FILES}/ (safetensors weights, JSON config, "
-                                f"SentencePiece): it was not packaged by `nmt train`; register one that was")
-            local = Path(repository.download_artifacts(TRANSLATOR_FILES, dst_path=tmp))
+            # MLflow resolves models:/ and a run's logged model through the process-wide URIs, whatever
+            # the repository is given: pointed at this server for the block.
+            with _fluent(uri):
+                repository = get_artifact_repository(model_uri, tracking_uri=uri, registry_uri=uri)
+                if not repository.list_artifacts(TRANSLATOR_FILES):
+                    raise UserError(f"model {model_uri!r} has no {TRANSLATOR_FILES}/ (safetensors weights, JSON "
+                                    "config, SentencePiece): it was not packaged by `nmt train`; register one that "
+                                    "was")
+                local = Path(repository.download_artifacts(TRANSLATOR_FILES, dst_path=tmp))
         except (MlflowException, OSError) as err:
             raise UserError(f"cannot load model {model_uri!r} from {redact(uri)}: {error_line(err)}") from None
         check_translator_files(local, model_uri)
         yield local
-
-
-def _artifact_location(uri: str, model_uri: str) -> str:
-    """Where a models:/ URI's files are, looked up in this tracking server's registry (MLflow's own lookup
-    reads the process-wide registry URI); any other URI as it is."""
-    if not model_uri.startswith("models:/"):
-        return model_uri
-    from mlflow.store.artifact.utils.models import get_model_name_and_version
-
-    client = mlflow_client(uri)
-    found = get_model_name_and_version(client, model_uri)
-    if len(found) == 1:  # models:/m-<id>, a logged model
-        return client.get_logged_model(found[0]).artifact_location
-    return client.get_model_version_download_uri(*found)
 
 
 def load_translator(uri: str, model_uri: str, device: str = "auto") -> Translator:
