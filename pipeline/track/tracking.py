@@ -162,9 +162,7 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
 
     client = mlflow_client(uri)
     try:
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = (found.experiment_id if found else
-                         client.create_experiment(experiment, artifact_location=artifact_location(uri)))
+        experiment_id = _experiment_id(client, uri, experiment)
         run_id = _existing_run(client, experiment_id, run_name)
         logged = {}
         if run_id:
@@ -188,6 +186,21 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
             raise refused from None
         raise
     return Run(uri, run_id)
+
+
+def _experiment_id(client, uri: str, experiment: str) -> str:
+    """The experiment's id, made if it does not exist (by this process or, at the same moment, another)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(experiment)
+    if found:
+        return found.experiment_id
+    try:
+        return client.create_experiment(experiment, artifact_location=artifact_location(uri))
+    except MlflowException as err:
+        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+        return client.get_experiment_by_name(experiment).experiment_id  # two sweeps started together
 
 
 def _param(key: str, value: Any):
