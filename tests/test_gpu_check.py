@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_gpu_check_runs_every_step_small_on_a_cpu(ray_session, tmp_path):
     manifest = prepare(small_config(tmp_path).data)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}  # the suite's interpreter, not PATH's
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), manifest.path, "--device",
                            "cpu", "--quick", "--deadline", "3000"], env=env, capture_output=True, text=True,
                           timeout=1500)

@@ -93,9 +93,9 @@ def served(ray_session, champion, tmp_path_factory):
         stop_process(process)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def service(served):
-    """The served port."""
+    """The served port (module-scoped like the service: hypothesis runs its examples on one fixture value)."""
     return served.port
 
 
