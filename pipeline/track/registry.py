@@ -22,7 +22,7 @@ from . import champion
 from .champion import CHAMPION
 from .login import redact
 from .target import mlflow_client
-from .tracking import END_WAIT_S, Run, error_line, retrying
+from .tracking import END_WAIT_S, Run, already_exists, error_line, retrying
 
 logger = log.get("registry")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def _create_version(uri: str, name: str, model_uri: str, model_id: str | None, r
     try:
         client.create_registered_model(name)
     except MlflowException as err:
-        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+        if not already_exists(err):
             raise
     with _fluent(uri):  # a database store finds the logged model through the process-wide URI, not the client's
         return str(client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id, tags=tags).version)

@@ -188,6 +188,11 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
     return Run(uri, run_id)
 
 
+def already_exists(err: Exception) -> bool:
+    """Whether MLflow refused to create something because it exists (the file and SQL stores spell it two ways)."""
+    return getattr(err, "error_code", None) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+
+
 def _experiment_id(client, uri: str, experiment: str) -> str:
     """The experiment's id, made if it does not exist (by this process or, at the same moment, another)."""
     from mlflow.exceptions import MlflowException
@@ -198,7 +203,7 @@ def _experiment_id(client, uri: str, experiment: str) -> str:
     try:
         return client.create_experiment(experiment, artifact_location=artifact_location(uri))
     except MlflowException as err:
-        if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+        if not already_exists(err):
             raise
         return client.get_experiment_by_name(experiment).experiment_id  # two sweeps started together
 

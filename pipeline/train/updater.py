@@ -1,6 +1,7 @@
 """A replica's optimizer updates: the model, Adam, the schedule of Eq. 3 (and its cooldown), mixed precision.
 
-    updater = Updater(model, ddp_model, cfg, model_cfg, ctx, accumulation)
+    updater = Updater(model, cfg, model_cfg, ctx)
+    updater.prepare(accumulation, pad_id)    # DDP (and torch.compile) for this worker group
     sums = updater.update(micro_batches)     # one update; [loss sum, target tokens] on the device
     updater.cool_down(step, end_step)        # the learning rate of the next update
 """
