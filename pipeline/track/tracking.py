@@ -189,7 +189,7 @@ def open_run(uri: str, experiment: str, run_name: str, params: dict[str, Any], t
 
 
 def already_exists(err: Exception) -> bool:
-    """Whether MLflow refused to create something because it exists (the file and SQL stores spell it two ways)."""
+    """Whether MLflow refused to create something because it exists (its error codes spell that two ways)."""
     return getattr(err, "error_code", None) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
 
 
