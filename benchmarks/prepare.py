@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.data.encode import ENCODE_PAIRS, EncodeBatch, encode_block, encode_settings, numpy_batches  # noqa: E402
-from pipeline.data.kinds import read_corpus  # noqa: E402
+from pipeline.data.kinds.registry import read_corpus  # noqa: E402
 from pipeline.data.prepare import prepare_splits, split_entries  # noqa: E402
 from pipeline.data.sources import TableSource, labeled, plan_blocks, tokenizer_sample  # noqa: E402
 from pipeline.text.tokenizer import train_tokenizer  # noqa: E402

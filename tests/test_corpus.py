@@ -9,7 +9,9 @@ import pytest
 
 from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig
-from pipeline.data.kinds import ParquetFiles, read_corpus, source_fingerprint
+from pipeline.data.kinds import registry
+from pipeline.data.kinds.files import LineFiles, ParquetFiles
+from pipeline.data.kinds.registry import read_corpus, source_fingerprint
 from pipeline.data.textfiles import LineFormat, index_file, read_lines, read_lines_at, run_here
 
 
@@ -22,6 +24,18 @@ def files_config(tmp_path, **overrides):
 def write_pair(tmp_path, stem, src: bytes, tgt: bytes):
     (tmp_path / f"{stem}.en").write_bytes(src)
     (tmp_path / f"{stem}.de").write_bytes(tgt)
+
+
+def test_each_kind_a_config_can_name_is_registered_under_that_name_and_no_other_is():
+    assert set(registry.registered()) == registry.configured_names() == {"demo", "hf", "text", "tsv", "jsonl",
+                                                                          "parquet"}
+    assert type(registry.kind_of(DataConfig(source="files", format="jsonl"))) is LineFiles
+    assert type(registry.kind_of(DataConfig(source="files", format="parquet"))) is ParquetFiles
+    assert type(registry.kind_of(DataConfig(source="demo", format="parquet"))).__name__ == "DemoCorpus"
+    with pytest.raises(ValueError, match="'parquet' is registered twice"):
+        registry.kind("parquet")(LineFiles)
+    with pytest.raises(CorpusError, match=r"no kind of corpus is registered as 'csv' .* \['demo', 'hf', 'jsonl'"):
+        registry.kind_of(DataConfig(source="files", format="csv"))  # a config built in code: no Literal check
 
 
 def test_line_breaks_other_than_newline_never_shift_the_pairing(tmp_path):

@@ -15,7 +15,7 @@ import ray
 from pipeline.common.errors import CorpusError
 from pipeline.config import DataConfig, load_config
 from pipeline.data.encode import EncodeBatch, encode_table, length_counts, normalize
-from pipeline.data.kinds import LineFiles
+from pipeline.data.kinds.files import LineFiles
 from pipeline.data.manifest import load_manifest
 from pipeline.data.prepare import prepare, split_entries
 from pipeline.data.sources import BLOCK_PAIRS, TableSource, labeled, plan_blocks, ray_tasks

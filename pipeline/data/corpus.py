@@ -1,6 +1,6 @@
 """What every kind of corpus shares: split names, field names, column picking, split files, file hashing.
 
-The kinds themselves (demo, hf, line files, Parquet) are in kinds.py. Every problem is a
+The kinds themselves (demo, hf, line files, Parquet) are in kinds/, one module each. Every problem is a
 CorpusError that names the file and line (or row).
 """
 

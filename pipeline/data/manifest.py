@@ -61,7 +61,7 @@ class Manifest:
     source: str
     src_lang: str
     tgt_lang: str
-    source_sha256: str  # the raw data's hash (kinds.source_fingerprint)
+    source_sha256: str  # the raw data's hash (kinds.registry.source_fingerprint)
     config_sha256: str  # the data config's hash (the settings that change the prepared pairs)
     data_config: dict[str, Any]
     splits: dict[str, SplitStats]

@@ -23,7 +23,7 @@ from ..common.errors import CorpusError, UserError
 from ..config import DataConfig
 from ..text.tokenizer import SPECIAL_IDS, Tokenizer, train_tokenizer
 from .encode import DROP_RULES, encode_block, encode_settings, length_counts
-from .kinds import check_source, open_source, source_fingerprint
+from .kinds.registry import check_source, open_source, source_fingerprint
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, SplitStats, TokenizerInfo, list_files, load_manifest
 from .publish import destination_for
 from .sources import TableSource, plan_blocks, tokenizer_sample

@@ -1,4 +1,4 @@
-"""How `nmt prepare` reads any corpus (kinds.py opens them): pairs per split, a tokenizer sample, and a Ray Dataset
+"""How `nmt prepare` reads any corpus (opened by its kind, kinds/): pairs per split, a tokenizer sample, a Ray Dataset
 of labeled blocks.
 
 Files are read by Ray tasks, as runs of rows: line files (text, TSV, JSONL) through a sparse
