@@ -7,6 +7,7 @@ import sys
 
 from .common import log
 from .common.errors import UserError
+from .launch import job_env
 from .parser import build_parser
 
 
@@ -194,6 +195,7 @@ HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "de
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `nmt` and `python -m pipeline`; returns the exit status."""
+    job_env.apply()  # in a job from `nmt submit --forward-env`: its variables, before anything reads them
     args = build_parser().parse_args(argv)
     log.setup(log.LEVELS[args.verbosity])
     log.configure_libraries()

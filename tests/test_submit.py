@@ -304,15 +304,26 @@ def test_plan_redacts_a_password_of_every_printable_character_and_forwards_the_l
             job.runtime_env["env_vars"]["NMT_GIT_COMMIT"]
 
 
-def test_forwarded_variables_are_set_by_importing_the_pipeline_in_a_job(tmp_path):
+def test_forwarded_variables_are_set_by_the_command_and_the_setup_hook_in_a_job_and_not_by_an_import(tmp_path):
+    """`nmt` (the job's driver) and the worker setup hook (every Ray worker of the job) set them; importing the
+    pipeline changes no environment."""
+    import importlib
+
     from pipeline.launch import job_env
 
     package = job_env.write_package({"NMT_FORWARDED_PROBE": "value-42"}, tmp_path)
     assert oct(os.stat(package / job_env.VARIABLES_FILE).st_mode & 0o777) == "0o600"
-    probe = "import os, pipeline; print(os.environ.get('NMT_FORWARDED_PROBE'))"
+    module, _, function = job_env.SETUP_HOOK.rpartition(".")
+    assert getattr(importlib.import_module(module), function) is job_env.apply  # the name Ray imports
+    probe = ("import os, sys, pipeline; before = os.environ.get('NMT_FORWARDED_PROBE'); "
+             "from pipeline.cli import main; main(['config', '--keys']) if sys.argv[1:] else "
+             "__import__('pipeline.launch.job_env').launch.job_env.apply(); "
+             "print(before, os.environ.get('NMT_FORWARDED_PROBE'), file=sys.stderr)")
     env = {**_clean_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}  # as Ray puts py_modules on the path
-    inside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    for args in ([], ["--by-the-command"]):
+        inside = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env,
+                                timeout=60)
+        assert inside.stderr.strip().splitlines()[-1] == "None value-42", inside.stderr[-2000:]
     outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_clean_env(),
                              cwd=ROOT, timeout=60)
-    assert inside.stdout.strip() == "value-42", inside.stderr
-    assert outside.stdout.strip() == "None", outside.stderr
+    assert outside.stderr.strip().splitlines()[-1] == "None None", outside.stderr[-2000:]

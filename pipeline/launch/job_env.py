@@ -3,8 +3,9 @@
 Ray shows a job's entrypoint, metadata and runtime_env env_vars to anyone who lists jobs, and its
 SDK returns env_vars in clear. So forwarded variables travel as a tiny package in the job's
 runtime_env py_modules instead (uploaded like the working_dir, named by a content hash), and
-`apply()`, run when `pipeline` is imported, sets them in every process of the job: the driver,
-Tune trials, Ray Train's controller and workers.
+`apply()` sets them in every process of the job: `nmt` calls it first (the job's driver), and the
+job's runtime_env names it as Ray's worker_process_setup_hook, which every worker of the job (Tune
+trials, Ray Train's controller and workers) runs before its first task.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 PACKAGE = "nmt_forwarded_env"
 VARIABLES_FILE = "variables.json"
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SETUP_HOOK = f"{__name__}.apply"  # the job's worker_process_setup_hook
 
 
 def write_package(variables: dict[str, str], directory: Path) -> Path:

@@ -240,6 +240,7 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
         runtime_env = dict(job.runtime_env)
         if job.secrets:  # uploaded with the submission; the temporary copy here goes right after
             runtime_env["py_modules"] = [str(job_env.write_package(job.secrets, Path(tmp)))]
+            runtime_env["worker_process_setup_hook"] = job_env.SETUP_HOOK  # sets them in every worker of the job
             logger.info(f"forwarding {', '.join(sorted(job.secrets))} to the job (values not shown)")
         client = _client(address)
         job_id = client.submit_job(entrypoint=job.entrypoint, runtime_env=runtime_env,
