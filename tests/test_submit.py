@@ -230,7 +230,7 @@ def test_the_cluster_is_asked_whether_it_sees_this_machine(monkeypatch, tmp_path
     """Through a tunnel the address is 127.0.0.1 either way: the nodes' raylet sockets decide."""
     import socket
 
-    from pipeline.launch import submit
+    from pipeline.launch import dashboard
 
     here = tmp_path / "raylet"
     listening = socket.socket(socket.AF_UNIX)
@@ -247,8 +247,8 @@ def test_the_cluster_is_asked_whether_it_sees_this_machine(monkeypatch, tmp_path
             return types.SimpleNamespace(json=lambda: {"data": {"summary": nodes}})
 
     for sockets, remote in (([str(here)], False), ([str(here), "/elsewhere/raylet"], True), ([], None)):
-        monkeypatch.setattr(submit, "_client", lambda address, s=sockets: Client(s))
-        assert submit.cluster_is_remote("http://127.0.0.1:8265") is remote, sockets
+        monkeypatch.setattr(dashboard, "client", lambda address, s=sockets: Client(s))
+        assert dashboard.cluster_is_remote("http://127.0.0.1:8265") is remote, sockets
     listening.close()
 
 

@@ -10,12 +10,8 @@ address: through a tunnel every cluster is at 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
 import shlex
-import socket
-import stat
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -26,11 +22,11 @@ from urllib.parse import urlparse
 import yaml
 
 from ..common import log, storage
-from ..common.environment import environment
 from ..common.errors import UserError
 from ..track import provenance
 from ..track.target import configured_uri, resolve
 from . import job_env
+from .dashboard import LOCAL_HOSTS, check_listening, client, cluster_address, cluster_errors, cluster_is_remote
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # What the job does not need: the virtualenv, prepared data, runs, local MLflow stores, caches.
@@ -42,7 +38,6 @@ EXCLUDES = [
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 TERMINAL = set(EXIT_CODES)
 logger = log.get("submit")
-LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 NOT_AS_JOBS = {
     "submit": "a job cannot submit jobs",
     "serve": "deploy the service with `serve deploy deploy/serve_config.yaml` instead (see deploy/README.md)",
@@ -52,12 +47,6 @@ PATH_KEYS = {"prepare": ("data.path", "data.output_dir"),
              "train": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
              "tune": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
              "demo": ("data.output_dir", "train.storage_path", "tracking.tracking_uri")}
-UPLOAD_CHATTER = {"ray.dashboard.modules.dashboard_sdk": logging.WARNING,
-                  "ray.dashboard.modules.job.sdk": logging.WARNING,
-                  "ray._private.runtime_env.packaging": logging.WARNING,
-                  "ray._private.runtime_env.working_dir": logging.ERROR}  # ".venv is now ignored by default"
-TOKEN_HELP = ("set RAY_AUTH_MODE=token and put the cluster's token in RAY_AUTH_TOKEN, in a file named by "
-              "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)")
 
 
 @dataclass
@@ -69,14 +58,6 @@ class Job:
     warnings: list[str] = field(default_factory=list)
     # Forwarded variables (credentials): they reach the job through job_env, never through the fields above.
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
-
-
-def cluster_address(address: str | None) -> str:
-    """The dashboard URL: --address, else RAY_API_SERVER_ADDRESS or RAY_ADDRESS (as `ray job submit` reads them)."""
-    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
-    if not address:
-        raise UserError("no cluster address: pass --address http://HEAD:8265 (the Ray dashboard) or set RAY_ADDRESS")
-    return address if "://" in address else f"http://{address}"
 
 
 def nmt_args(command: list[str]) -> list[str]:
@@ -182,32 +163,6 @@ def _local_paths(cfg, uri: str, runs: str, output: str, keys: tuple[str, ...]) -
     return found
 
 
-def cluster_is_remote(address: str) -> bool | None:
-    """Whether the cluster's nodes run where this machine's files are not: none of their Ray sessions is here.
-
-    Every node reports its raylet's socket, a file in its session directory; if this machine sees
-    that socket, it shares the node's filesystem (the same machine, or a shared mount). None when the
-    dashboard does not say (an older Ray, a proxy that hides the endpoint).
-    """
-    try:
-        response = _client(address)._do_request("GET", "/nodes?view=summary", timeout=30)  # with the client's auth
-        nodes = response.json()["data"]["summary"]
-        sockets = [n["raylet"]["rayletSocketName"] for n in nodes if n.get("raylet", {}).get("state") == "ALIVE"]
-    except (AttributeError, KeyError, TypeError, ValueError, OSError) as err:
-        logger.debug(f"cannot ask {address} for its nodes: {err}")
-        return None
-    if not sockets:
-        return None
-    return not all(_is_socket(path) for path in sockets)
-
-
-def _is_socket(path: str) -> bool:
-    try:
-        return stat.S_ISSOCK(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
 def requirements() -> list[str]:
     """The project's dependencies without Ray: the job runs on the cluster's Ray, which must not be replaced.
 
@@ -230,21 +185,21 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
     """Submit the command as a Ray Job; with follow, stream its logs and return its exit status."""
     address = cluster_address(address)
     plan(command, address, pip=pip, forward_env=forward_env, remote=False)  # the command's own mistakes first
-    _check_listening(address)
-    with _cluster_errors(address):
+    check_listening(address)
+    with cluster_errors(address):
         remote = cluster_is_remote(address)
     job = plan(command, address, pip=pip, forward_env=forward_env, remote=remote)
     for warning in job.warnings:
         logger.warning(warning)
-    with _cluster_errors(address), tempfile.TemporaryDirectory(prefix="nmt-submit-") as tmp:
+    with cluster_errors(address), tempfile.TemporaryDirectory(prefix="nmt-submit-") as tmp:
         runtime_env = dict(job.runtime_env)
         if job.secrets:  # uploaded with the submission; the temporary copy here goes right after
             runtime_env["py_modules"] = [str(job_env.write_package(job.secrets, Path(tmp)))]
             runtime_env["worker_process_setup_hook"] = job_env.SETUP_HOOK  # sets them in every worker of the job
             logger.info(f"forwarding {', '.join(sorted(job.secrets))} to the job (values not shown)")
-        client = _client(address)
-        job_id = client.submit_job(entrypoint=job.entrypoint, runtime_env=runtime_env,
-                                   metadata={"nmt_command": job.entrypoint[:500]})
+        jobs = client(address)
+        job_id = jobs.submit_job(entrypoint=job.entrypoint, runtime_env=runtime_env,
+                                 metadata={"nmt_command": job.entrypoint[:500]})
     logger.info(f"job {job_id} submitted to {address}: {job.entrypoint}")
     if not follow:
         print(job_id)
@@ -253,8 +208,8 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
                     f"stop it:   ray job stop --address {address} {job_id}")
         return 0
     try:
-        with _cluster_errors(address):
-            status, message = asyncio.run(_follow(client, job_id))
+        with cluster_errors(address):
+            status, message = asyncio.run(_follow(jobs, job_id))
     except KeyboardInterrupt:
         print(file=sys.stderr)  # end the line the interrupted log stream was on
         logger.info(f"stopped following; job {job_id} keeps running (ray job stop --address {address} {job_id} "
@@ -264,86 +219,20 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
     return EXIT_CODES.get(status, 1)
 
 
-async def _follow(client, job_id: str) -> tuple[str, str]:
+async def _follow(jobs, job_id: str) -> tuple[str, str]:
     """Print the job's logs as they come; then its final (status, message)."""
     try:
-        async for lines in client.tail_job_logs(job_id):
+        async for lines in jobs.tail_job_logs(job_id):
             sys.stdout.write(lines)
             sys.stdout.flush()
     except RuntimeError as err:  # the log stream broke (head restarted, proxy timeout): wait for the status
         logger.warning(f"log stream ended early ({err}); waiting for the job to finish")
     while True:
-        info = client.get_job_info(job_id)
+        info = jobs.get_job_info(job_id)
         status = str(getattr(info.status, "value", info.status))
         if status in TERMINAL:
             return status, info.message or ""
         await asyncio.sleep(1.0)
-
-
-def _client(address: str):
-    from ray.job_submission import JobSubmissionClient
-
-    if not log.verbose():  # Ray's upload notices (package names, skipped .gitignore files, "WebSocket closed")
-        for name, level in UPLOAD_CHATTER.items():
-            logging.getLogger(name).setLevel(level)  # after the import: Ray's modules set INFO when imported
-
-    # Ray lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override an explicit address; here --address wins.
-    with environment(RAY_API_SERVER_ADDRESS=address):
-        return JobSubmissionClient(address)
-
-
-def _check_listening(address: str, timeout_s: float = 10.0) -> None:
-    """Fail in seconds, not minutes, when nothing listens at the address."""
-    url = urlparse(address)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return  # ray:// and other schemes are Ray's to resolve
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
-    except OSError as err:
-        raise UserError(f"nothing answers at {address} ({err.strerror or err}): start the cluster, or fix the "
-                        f"address: it is the Ray dashboard's, usually http://HEAD:8265 (KubeRay: kubectl "
-                        f"port-forward svc/CLUSTER-head-svc 8265:8265)") from None
-
-
-@contextlib.contextmanager
-def _cluster_errors(address: str):
-    """The cluster's refusals as one-line UserErrors: no token, a wrong token, no Jobs API."""
-    from ray.exceptions import AuthenticationError
-
-    try:
-        yield
-    except AuthenticationError as err:
-        raise UserError(_auth_message(address, str(err))) from None
-    except ConnectionError as err:
-        raise UserError(f"cannot reach the Ray Jobs API at {address} ({str(err).splitlines()[0]}); "
-                        f"is it the dashboard address (usually port 8265)?") from None
-    except RuntimeError as err:
-        raise UserError(f"the cluster at {address} refused the job: {str(err).splitlines()[0][:300]}") from None
-
-
-def _auth_message(address: str, error: str) -> str:
-    """Which token is missing or wrong, and where Ray's clients look for one."""
-    source = _token_source()
-    mode = os.environ.get("RAY_AUTH_MODE", "")
-    if error.startswith("Authentication failed"):  # 403: a token was sent and refused
-        return (f"the cluster at {address} refused the auth token from {source}: it is not this cluster's token; "
-                f"{TOKEN_HELP}")
-    if mode.lower() != "token" and source:
-        return (f"the cluster at {address} requires a Ray auth token and none was sent: there is one in {source}, "
-                f"but Ray's clients send it only with RAY_AUTH_MODE=token; set RAY_AUTH_MODE=token")
-    return f"the cluster at {address} requires a Ray auth token and none was found: {TOKEN_HELP}"
-
-
-def _token_source() -> str:
-    """Where Ray's token loader finds a token, in its order of precedence, or ""."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return "RAY_AUTH_TOKEN"
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if path:
-        return f"RAY_AUTH_TOKEN_PATH={path}" if Path(path).is_file() else ""
-    default = Path.home() / ".ray" / "auth_token"
-    return str(default) if default.is_file() else ""
 
 
 def _project_relative(args: list[str], flag: str) -> list[str]:
