@@ -24,7 +24,7 @@ import pytest
 from small import ROOT
 
 from pipeline.common.errors import UserError
-from pipeline.launch import submit
+from pipeline.launch import dashboard, submit
 from pipeline.parser import build_parser
 
 PAGES = sorted({ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "deploy").rglob("*.md")})
@@ -186,7 +186,7 @@ def test_guide_submit_example_is_accepted_for_a_cluster_that_shares_no_files(exa
         monkeypatch.setenv(name, value)
     forward = [n for n in args.forward_env.split(",") if n]
     try:
-        job = submit.plan(args.job, submit.cluster_address(args.address), pip=args.pip, forward_env=forward,
+        job = submit.plan(args.job, dashboard.cluster_address(args.address), pip=args.pip, forward_env=forward,
                           remote=True)
     except UserError as err:
         pytest.fail(f"{where}: `nmt submit {shlex.join(words)}` is refused: {err}")
