@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import types
 import urllib.request
 from pathlib import Path
@@ -315,10 +316,18 @@ def test_forwarded_variables_are_set_by_the_command_and_the_setup_hook_in_a_job_
     assert oct(os.stat(package / job_env.VARIABLES_FILE).st_mode & 0o777) == "0o600"
     module, _, function = job_env.SETUP_HOOK.rpartition(".")
     assert getattr(importlib.import_module(module), function) is job_env.apply  # the name Ray imports
-    probe = ("import os, sys, pipeline; before = os.environ.get('NMT_FORWARDED_PROBE'); "
-             "from pipeline.cli import main; main(['config', '--keys']) if sys.argv[1:] else "
-             "__import__('pipeline.launch.job_env').launch.job_env.apply(); "
-             "print(before, os.environ.get('NMT_FORWARDED_PROBE'), file=sys.stderr)")
+    probe = textwrap.dedent("""
+        import os, sys
+        import pipeline
+        before = os.environ.get("NMT_FORWARDED_PROBE")  # after the import: None
+        if sys.argv[1:]:  # as the job's driver: the command
+            from pipeline.cli import main
+            main(["config", "--keys"])
+        else:  # as a worker of the job: Ray calls the setup hook
+            from pipeline.launch import job_env
+            job_env.apply()
+        print(before, os.environ.get("NMT_FORWARDED_PROBE"), file=sys.stderr)
+    """)
     env = {**_clean_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}  # as Ray puts py_modules on the path
     for args in ([], ["--by-the-command"]):
         inside = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env,

@@ -8,6 +8,7 @@ the kind (demo, hf), except for files at data.path, whose data.format does (text
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import pkgutil
@@ -51,10 +52,16 @@ def kind(*names: str):
     return register
 
 
-def registered() -> dict[str, type[CorpusKind]]:
-    """Every kind by name, after importing each module of this package (each registers its own)."""
+@functools.cache
+def _import_kinds() -> None:
+    """Import each module of this package once (each registers its own kinds): the package is listed once."""
     for module in pkgutil.iter_modules(importlib.import_module(__package__).__path__):
         importlib.import_module(f"{__package__}.{module.name}")
+
+
+def registered() -> dict[str, type[CorpusKind]]:
+    """Every kind by name."""
+    _import_kinds()
     return KINDS
 
 
