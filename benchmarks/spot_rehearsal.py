@@ -32,6 +32,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 20  # the drain's deadline: GCP gives 30 s of notice, AWS 120 s
 RECLAIM_AFTER_S = 1  # the node is killed this long after the deadline Ray was told
+# Training seconds (neither the wait for the deadline nor the restarts count): the run must still be going
+# when the new node is in use, however fast the machine trains. Ray Train's elastic policy learns of nodes
+# from a coordinator that refreshes every 20 s, then waits train.resize_interval_s: the run trains on one
+# worker for up to about 30 s before it grows back (measured: 22 s), then trains on two.
+TIME_BUDGET_S = 45
 COMMON = ["data.demo_sizes={train: 4000, validation: 40, test: 40}", "data.vocab_size=500",
           "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
           "train.max_tokens=1024", "train.warmup_steps=30", "train.epochs=100", "train.val_interval=20",
@@ -86,10 +91,7 @@ def scenario(name: str, storage: str, out: Path, deadline_s: float = DEADLINE_S)
     uri = f"sqlite:///{out}/mlflow.db"
     runs = f"{storage}/runs-{name}"
     cfg = load_config(REPO_ROOT / "configs" / "demo.yaml", [
-        *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}",
-        # Long enough that the run is still going when the new node is in use: Ray Train's elastic policy
-        # learns of nodes from a coordinator that refreshes every 20 s, then waits train.resize_interval_s.
-        "train.max_steps=700",
+        *COMMON, f"train.preemption_check_s={1 if name == 'notice' else 0}", f"train.time_budget_s={TIME_BUDGET_S}",
         f"train.storage_path={runs}", f"train.run_name=spot-{name}", f"data.output_dir={storage}/data",
         f"tracking.tracking_uri={uri}"])
     events: dict = {}
