@@ -112,17 +112,22 @@ def attention_maps(translator: Translator, source: str) -> dict[str, Figure]:
     for kind, label in KINDS.items():
         names = [n for n in weights if _kind(n) == kind]
         heads = weights[names[0]].shape[0]
-        fig, axes = plt.subplots(len(names), heads, figsize=(2.6 * heads, 2.6 * len(names)), squeeze=False)
         rows, cols = (src_pieces, src_pieces) if kind == "encoder_self" else \
             (tgt_in, tgt_in) if kind == "decoder_self" else (tgt_in, src_pieces)
+        # The pieces label the bottom row and the first column only: a base model has 48 maps per figure, and
+        # ticks on every one of them took most of a minute to draw.
+        fig, axes = plt.subplots(len(names), heads, figsize=(2.2 * heads + 1, 2.2 * len(names) + 1), squeeze=False,
+                                 layout="constrained")
         for layer, name in enumerate(names):
             for head in range(heads):
                 ax = axes[layer][head]
                 ax.imshow(weights[name][head].numpy(), cmap="viridis", aspect="auto")
-                ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
-                ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5)
-                ax.set_yticks(range(len(rows)), rows, fontsize=5)
+                bottom, left = layer == len(names) - 1, head == 0
+                ax.set_xticks(range(len(cols)) if bottom else [], cols if bottom else [], rotation=90, fontsize=6)
+                ax.set_yticks(range(len(rows)) if left else [], rows if left else [], fontsize=6)
+            axes[layer][0].set_ylabel(f"layer {layer + 1}", fontsize=9)
+        for head in range(heads):
+            axes[0][head].set_title(f"head {head + 1}", fontsize=9)
         fig.suptitle(f"{label}: {source[:80]}")
-        fig.tight_layout()
         figures[kind] = fig
     return figures
