@@ -25,11 +25,27 @@ SCRIPT = textwrap.dedent("""
     from ray.cluster_utils import Cluster
     from mlflow.tracking import MlflowClient
     from pipeline.common import log
+    from pipeline.common.messages import EARLIER_KEY
     from pipeline.config import load_config
+    from pipeline.data.prepare import prepare
     from pipeline.train.driver import train
+    from pipeline.train.loop import train_loop
+    from pipeline.train.workers import TorchrunContext
 
     out, storage = sys.argv[1], sys.argv[3]
     log.setup()  # progress lines on stderr, the workers' too
+
+
+    class Recorded(TorchrunContext):
+        # This process as the one worker, keeping what the loop reports.
+
+        def __init__(self, root):
+            super().__init__(root)
+            self.reports = []
+
+        def report(self, metrics, checkpoint_dir=None):
+            super().report(metrics, checkpoint_dir)
+            self.reports.append(metrics)
 
 
     def run():
@@ -37,14 +53,18 @@ SCRIPT = textwrap.dedent("""
                   "model.d_model=64", "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "model.dropout=0.0",
                   "train.max_tokens=1024", "train.warmup_steps=30", "train.max_steps=40", "train.val_interval=20",
                   "train.log_every=5", "train.beam_size=1", "train.average_last=1", "train.resource_wait_s=20",
-                  f"data.output_dir={storage}/data", f"tracking.tracking_uri=sqlite:///{out}/mlflow.db"]
+                  f"data.output_dir={storage}/data", f"tracking.tracking_uri=sqlite:///{out}/mlflow.db",
+                  "tracking.register=false"]
         results = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
-        # One worker that accumulates two batches per update: what the two nodes' DDP must reproduce over
-        # their first 40 updates (later, as the loss falls fast, rounding differences grow past 10%).
-        cfg = load_config(sys.argv[2], common + ["train.num_workers=1", "train.update_freq=2",
-                                                 f"train.storage_path={storage}/runs-one"])
-        results["one_worker"] = {"loss": losses(cfg, train(cfg).run_id, "train_loss")}
-        # Two nodes, one worker each (STRICT_SPREAD): the same updates over DDP.
+        # The reference: the same loop as one worker in this process, accumulating two batches per update. The
+        # two nodes' DDP must reproduce its first 40 updates (later, as the loss falls fast, rounding differences
+        # grow past 10%).
+        cfg = load_config(sys.argv[2], common + ["train.num_workers=1", "train.update_freq=2"])
+        one = Recorded(f"{out}/one-worker")
+        train_loop({"config": cfg.to_dict(), "data_path": prepare(cfg.data).path}, one)
+        rows = [row for report in one.reports for row in [*report[EARLIER_KEY], report]]
+        results["one_worker"] = {"loss": [(row["step"], row["train_loss"]) for row in rows if "train_loss" in row]}
+        # Two nodes, one worker each (STRICT_SPREAD), on Ray Train as `nmt train` runs: the same updates over DDP.
         cfg = load_config(sys.argv[2], common + ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD",
                                                  f"train.storage_path={storage}/runs-two"])
         outcome = train(cfg)

@@ -46,6 +46,11 @@ def restarting_server(postgres, tmp_path_factory):
         yield server
 
 
+# A short outage is enough to be one: the server takes a few seconds more to start, and the logger's backoff
+# (1 s, doubling) has tried several times before it answers.
+DOWN_S = 4
+
+
 def restart(server, down_s: float, stopped: dict) -> None:
     """Stop the server (every connection refused), and start it again on its port down_s seconds later."""
     server.stop()
@@ -87,7 +92,7 @@ def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows
                 if runs and any(m.step >= 10 for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
                     break
             time.sleep(0.5)
-        restart(server, 15, stopped)
+        restart(server, 8, stopped)  # training goes on meanwhile: each report finds the server down
 
     restarter = threading.Thread(target=restart_mid_run, daemon=True)
     restarter.start()
@@ -130,7 +135,7 @@ def test_a_run_ending_while_its_server_restarts_is_finished_and_its_last_metrics
             with tracking.mlflow_run(server.uri, "ends", "run-a", {}, {}) as run:
                 logger = reports.MetricLogger(run)
                 stopped: dict[str, float] = {}
-                restarter = threading.Thread(target=restart, args=(server, 10, stopped), daemon=True)
+                restarter = threading.Thread(target=restart, args=(server, DOWN_S, stopped), daemon=True)
                 restarter.start()
                 while "at" not in stopped:
                     time.sleep(0.1)
@@ -141,7 +146,7 @@ def test_a_run_ending_while_its_server_restarts_is_finished_and_its_last_metrics
                 restarter.join(timeout=60)
                 run.end_tags["note"] = "ended"
                 stopped.clear()  # down again as the run ends: the end waits for it too
-                restarter = threading.Thread(target=restart, args=(server, 10, stopped), daemon=True)
+                restarter = threading.Thread(target=restart, args=(server, DOWN_S, stopped), daemon=True)
                 restarter.start()
                 while "at" not in stopped:
                     time.sleep(0.1)
