@@ -6,6 +6,7 @@ a preempted one in test_elastic.py.
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,27 +26,14 @@ SCRIPT = textwrap.dedent("""
     from ray.cluster_utils import Cluster
     from mlflow.tracking import MlflowClient
     from pipeline.common import log
-    from pipeline.common.messages import EARLIER_KEY
     from pipeline.config import load_config
     from pipeline.data.prepare import prepare
     from pipeline.train.driver import train
     from pipeline.train.loop import train_loop
-    from pipeline.train.workers import TorchrunContext
+    from loop_runs import StopAfter
 
     out, storage = sys.argv[1], sys.argv[3]
     log.setup()  # progress lines on stderr, the workers' too
-
-
-    class Recorded(TorchrunContext):
-        # This process as the one worker, keeping what the loop reports.
-
-        def __init__(self, root):
-            super().__init__(root)
-            self.reports = []
-
-        def report(self, metrics, checkpoint_dir=None):
-            super().report(metrics, checkpoint_dir)
-            self.reports.append(metrics)
 
 
     def run():
@@ -60,10 +48,10 @@ SCRIPT = textwrap.dedent("""
         # two nodes' DDP must reproduce its first 40 updates (later, as the loss falls fast, rounding differences
         # grow past 10%).
         cfg = load_config(sys.argv[2], common + ["train.num_workers=1", "train.update_freq=2"])
-        one = Recorded(f"{out}/one-worker")
+        one = StopAfter(f"{out}/one-worker")
         train_loop({"config": cfg.to_dict(), "data_path": prepare(cfg.data).path}, one)
-        rows = [row for report in one.reports for row in [*report[EARLIER_KEY], report]]
-        results["one_worker"] = {"loss": [(row["step"], row["train_loss"]) for row in rows if "train_loss" in row]}
+        results["one_worker"] = {"loss": [(row["step"], row["train_loss"]) for row in one.rows()
+                                          if "train_loss" in row]}
         # Two nodes, one worker each (STRICT_SPREAD), on Ray Train as `nmt train` runs: the same updates over DDP.
         cfg = load_config(sys.argv[2], common + ["train.num_workers=2", "train.placement_strategy=STRICT_SPREAD",
                                                  f"train.storage_path={storage}/runs-two"])
@@ -91,8 +79,10 @@ SCRIPT = textwrap.dedent("""
 
 def test_ddp_across_two_nodes_matches_one_worker(tmp_path, s3_bucket):
     storage = f"{s3_bucket}/multinode-{tmp_path.name}"
+    path = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]  # the script imports loop_runs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(ROOT / "configs" / "demo.yaml"), storage],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=env)
     (tmp_path / "output.log").write_text(proc.stdout + proc.stderr)  # for a failure's post-mortem
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())

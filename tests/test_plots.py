@@ -5,8 +5,8 @@ import torch
 from registry_files import small_tokenizer
 
 from model import Transformer, TransformerConfig
-from pipeline.track.plots import attention_maps
 from pipeline.text.translator import Translator
+from pipeline.track.plots import attention_maps
 
 
 def test_attention_maps_show_every_layer_and_head_and_label_the_pieces_on_the_outer_maps_only():

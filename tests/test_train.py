@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from loop_runs import StopAfter
 from mlflow.tracking import MlflowClient
 from small import small_config
 
@@ -14,7 +15,6 @@ from pipeline.common.messages import EARLIER_KEY, FINAL_KEY, NODE_KEY
 from pipeline.data.prepare import prepare
 from pipeline.train.driver import train
 from pipeline.train.loop import train_loop
-from pipeline.train.workers import TorchrunContext
 
 pytestmark = pytest.mark.slow
 
@@ -48,21 +48,6 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
     assert len(client.search_model_versions(f"run_id = '{outcome.run_id}'")) == versions
 
 
-class StopAfter(TorchrunContext):
-    """A plain-process context that stops the run (like a SIGINT) after a number of checkpoints."""
-
-    def __init__(self, root, stop_after=None):
-        super().__init__(str(root))
-        self.stop_after, self.checkpoints, self.reports = stop_after, 0, []
-
-    def report(self, metrics, checkpoint_dir=None):
-        super().report(metrics, checkpoint_dir)
-        self.reports.append(metrics)
-        self.checkpoints += checkpoint_dir is not None
-        if self.stop_after is not None and self.checkpoints >= self.stop_after:
-            raise KeyboardInterrupt
-
-
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
     cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
                        "model.dropout=0.1", "train.cooldown=0.5")
@@ -71,7 +56,7 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
     straight_run = StopAfter(tmp_path / "straight")
     train_loop(loop_config, straight_run)
     # Eq. 3 for the first half of the run, then falling linearly to 0 at its last update.
-    rows = [row for report in straight_run.reports for row in [*report[EARLIER_KEY], report]]
+    rows = straight_run.rows()
     end = rows[-1]["step"]
     for row in rows:
         expected = transformer_lr(row["step"] + 1, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale) \
