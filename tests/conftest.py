@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # (deploy/mlflow_users.py) are the benchmarks' and the deployment's own.
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
 import servers  # noqa: E402
+from lane import Lane  # noqa: E402
 from servers import MlflowServer, PostgresCluster, free_port  # noqa: E402,F401 (tests import free_port from here)
 
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
@@ -27,8 +28,13 @@ def _cuda_test_device() -> str:
     return os.environ.get("NMT_TEST_DEVICE", "cuda")
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items):
-    """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast)."""
+    """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast);
+    order the modules: those without slow tests first, then the others, then those with a background job.
+
+    The fast tests keep about one core busy; the background lane's job uses the other while they run.
+    """
     cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
     if cuda_tests and _cuda_test_device() == "cuda":
         import torch
@@ -41,6 +47,39 @@ def pytest_collection_modifyitems(items):
                 if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
     if unmarked:
         raise pytest.UsageError(f"mark these tests @pytest.mark.slow (they use {sorted(HEAVY_FIXTURES)}): {unmarked}")
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items[:] = sorted(items, key=lambda item: 2 if hasattr(item.module, "background_job") else
+                      int(item.module.__name__ in slow_modules))  # stable: pytest's order within each group
+
+
+# Modules with a `background_job` (see tests/lane.py) have their command started once collection ends.
+LANE = Lane()
+
+
+def pytest_collection_finish(session):
+    """Start the lane with the jobs of the selected modules (not for --collect-only)."""
+    if session.config.option.collectonly:
+        return
+    for module in dict.fromkeys(item.module for item in session.items if hasattr(item.module, "background_job")):
+        LANE.add(module.__name__, module.background_job)
+    LANE.start()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long each background job ran: the durations above show only the wait for it."""
+    for name, outcome in LANE.finished().items():
+        terminalreporter.write_line(f"background lane: {name} ran {outcome.seconds:.1f}s (exit {outcome.returncode})")
+
+
+def pytest_sessionfinish(session):
+    """Stop a lane job still running (an interrupted session) and remove the lane's directories."""
+    LANE.stop()
+
+
+@pytest.fixture(scope="session")
+def lane() -> Lane:
+    """The session's background lane: `lane.result(module.__name__)` waits for a module's job."""
+    return LANE
 
 
 @pytest.fixture

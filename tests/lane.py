@@ -1,0 +1,106 @@
+"""The background lane: long commands that need nothing from the session (their own cluster, servers and
+files), started as soon as the tests are collected so that their minutes overlap the tests that keep one
+core busy. A test module takes part by defining `background_job(workdir) -> Job`; its tests then read
+`lane.result(name)`, and conftest runs them last.
+
+Measured on 2 cores: the cluster rehearsal keeps 1.3 cores busy for three minutes, the fast tests 1.05 for two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from servers import stop_tree
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One command of the lane: what to run, where, with which environment and for how long at most."""
+
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a job left: its exit code, its output, its work directory, and how long it ran."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    workdir: Path
+    seconds: float
+
+
+class Lane:
+    """Runs its jobs one after another in a thread; `result` waits for one (or runs it now if never started)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[Path, Job]] = {}
+        self._outcomes: dict[str, Outcome] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._process: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str, make_job) -> None:
+        """Schedule make_job(workdir) under name; its workdir is short (Ray's socket paths stay under 107 bytes)."""
+        if name not in self._jobs:
+            workdir = Path(tempfile.mkdtemp(prefix=f"nmt-{name[:6]}-", dir="/tmp"))
+            self._jobs[name] = (workdir, make_job(workdir))
+            self._done[name] = threading.Event()
+
+    def start(self) -> None:
+        """Start the jobs added so far, in the background."""
+        if self._jobs and self._thread is None:
+            self._thread = threading.Thread(target=self._run_all, name="test-lane", daemon=True)
+            self._thread.start()
+
+    def result(self, name: str) -> Outcome:
+        """The job's outcome, once it has ended (every job has a timeout, so this wait is bounded)."""
+        if self._thread is None:  # the module was selected some other way (e.g. pytest -k): run it now
+            self.start()
+        self._done[name].wait()
+        return self._outcomes[name]
+
+    def finished(self) -> dict[str, Outcome]:
+        """The outcomes of the jobs that have ended, in the order they ran."""
+        return dict(self._outcomes)
+
+    def stop(self) -> None:
+        """Stop a running job (its whole process group) and remove every work directory."""
+        self._stopping.set()
+        if self._process is not None and self._process.poll() is None:
+            stop_tree(self._process)
+        if self._thread is not None:
+            self._thread.join(60)
+        for workdir, _ in self._jobs.values():
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _run_all(self) -> None:
+        for name, (workdir, job) in self._jobs.items():
+            started = time.monotonic()
+            try:
+                if self._stopping.is_set():
+                    raise RuntimeError("the session ended before this job started")
+                self._process = subprocess.Popen(job.argv, cwd=job.cwd, env=job.env, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+                try:
+                    out, err = self._process.communicate(timeout=job.timeout_s)
+                    code = self._process.returncode
+                except subprocess.TimeoutExpired:
+                    stop_tree(self._process)
+                    out, err = self._process.communicate()
+                    code, err = -1, f"{err}\n(the lane stopped it after {job.timeout_s:.0f} s)"
+            except Exception as exc:  # reported to the test that reads this job, not lost in the thread
+                code, out, err = -1, "", repr(exc)
+            self._outcomes[name] = Outcome(code, out, err, workdir, round(time.monotonic() - started, 1))
+            self._done[name].set()
