@@ -71,6 +71,10 @@ class Lane:
         self._done[name].wait()
         return self._outcomes[name]
 
+    def running(self) -> bool:
+        """Whether a job is still running (or waiting for its turn)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def finished(self) -> dict[str, Outcome]:
         """The outcomes of the jobs that have ended, in the order they ran."""
         return dict(self._outcomes)

@@ -1,32 +1,25 @@
 """benchmarks/tracking_load.py at a small scale: its trials, sweeps and promotion run on both stores, and every
-point they log is read back (the figures at 64 to 512 trials are in benchmarks/results.json). It runs in the
-session's background lane (tests/lane.py), after the cluster rehearsal."""
+point they log is read back (the figures at 64 to 512 trials are in benchmarks/results.json)."""
 
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from lane import Job
 from small import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def background_job(workdir: Path) -> Job:
-    """The load benchmark at a small scale, in the session's background lane (its own servers and stores)."""
-    return Job([sys.executable, str(ROOT / "benchmarks" / "tracking_load.py"), "--trials", "8", "--processes", "2",
-                "--duration-s", "6", "--report-interval-s", "1", "--ramp-s", "2", "--rows-per-report", "3",
-                "--out", str(workdir / "load.json")], ROOT, dict(os.environ), timeout_s=800)
-
-
-def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_champion(lane):
-    result = lane.result(__name__)
+def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_champion(tmp_path):
+    out = tmp_path / "load.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tracking_load.py"), "--trials", "8",
+                             "--processes", "2", "--duration-s", "6", "--report-interval-s", "1", "--ramp-s", "2",
+                             "--rows-per-report", "3", "--out", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=800)
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.workdir / "load.json"
     levels = {level["store"]: level for level in json.loads(out.read_text())["levels"]}
     assert set(levels) == {"sqlite", "postgresql"}
     for store, level in levels.items():
