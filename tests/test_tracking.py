@@ -56,6 +56,36 @@ def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they
         ("demo-en-de-0123/validation", "validation", "0123456789abcdef", "s3")]
 
 
+def test_datasets_another_run_inserted_at_the_same_moment_are_linked_not_a_failure(tmp_path, monkeypatch):
+    """Two sweeps starting at once on one SQLite store: MLflow checks for the dataset, the other run inserts it,
+    and this run's insert hits the unique constraint (seen in CI). The run logs them again and links them."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import BAD_REQUEST  # what the SQL store raises: a 400, not retried
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = tracking.open_run(uri, "race", "run-b", {}, {}, source="nmt tune")
+    datasets = [{"name": "demo/train", "digest": "0123456789abcdef", "source": "/data/train", "context": "train",
+                 "profile": {"pairs": 3}}]
+    real, calls = MlflowClient.log_inputs, []
+
+    def racing(self, run_id, datasets=None, models=None):
+        calls.append(run_id)
+        if len(calls) == 1:
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                  "datasets.name, datasets.digest", error_code=BAD_REQUEST)
+        return real(self, run_id, datasets=datasets)
+
+    monkeypatch.setattr(MlflowClient, "log_inputs", racing)
+    run.log_datasets(datasets)
+    assert len(calls) == 2
+    assert [i.dataset.name for i in MlflowClient(uri).get_run(run.id).inputs.dataset_inputs] == ["demo/train"]
+    calls.clear()
+    monkeypatch.setattr(MlflowClient, "log_inputs", lambda *a, **k: (_ for _ in ()).throw(
+        MlflowException("no such experiment", error_code=BAD_REQUEST)))
+    with pytest.raises(MlflowException, match="no such experiment"):  # any other refusal is raised at once
+        run.log_datasets(datasets)
+
+
 def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_says_what_was_lost(
         tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -62,7 +62,7 @@ class Run:
                                        source_type="s3" if d["source"].startswith("s3://") else "local",
                                        source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
                                tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
-        retrying(lambda: self.client().log_inputs(self.id, datasets=inputs), "logging the run's datasets", END_WAIT_S)
+        retrying(lambda: _log_inputs(self.client(), self.id, inputs), "logging the run's datasets", END_WAIT_S)
 
     def log_entries(self, entries: list) -> None:
         """Log MLflow Metric entries (at their own steps and times), a batch of at most 1000 at a time, each
@@ -100,6 +100,19 @@ class Run:
 
 
 END_WAIT_S = 120.0  # how long a run's start or end is retried while its server does not answer
+
+
+def _log_inputs(client, run_id: str, inputs: list) -> None:
+    """client.log_inputs, once more if another run inserted the same dataset between MLflow's check and its
+    insert (two sweeps starting at once on one store): the failed call was rolled back, the second links."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_inputs(run_id, datasets=inputs)
+    except MlflowException as err:
+        if "UNIQUE constraint failed: datasets" not in str(err) and "duplicate key" not in str(err):
+            raise
+        client.log_inputs(run_id, datasets=inputs)
 
 
 def retrying(action, what: str, wait_s: float):
