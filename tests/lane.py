@@ -41,7 +41,7 @@ class Outcome:
 
 
 class Lane:
-    """Runs its jobs one after another in a thread; `result` waits for one (or runs it now if never started)."""
+    """Runs its jobs one after another in a thread; `result` waits for one."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, tuple[Path, Job]] = {}
@@ -66,8 +66,6 @@ class Lane:
 
     def result(self, name: str) -> Outcome:
         """The job's outcome, once it has ended (every job has a timeout, so this wait is bounded)."""
-        if self._thread is None:  # the module was selected some other way (e.g. pytest -k): run it now
-            self.start()
         self._done[name].wait()
         return self._outcomes[name]
 
