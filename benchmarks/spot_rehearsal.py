@@ -7,7 +7,8 @@ Once a checkpoint is registered, one worker node is drained with reason PREEMPTI
 deadline it is killed; a fresh node is added once the run goes on without it.
 
     python benchmarks/spot_rehearsal.py                 # with and without the notice: updates lost per preemption
-    python benchmarks/spot_rehearsal.py --scenario notice --storage s3://bucket/prefix --out DIR   # one scenario
+    python benchmarks/spot_rehearsal.py --scenarios notice --out DIR   # one scenario, its figures in DIR/figures.json
+    python benchmarks/spot_rehearsal.py --scenario notice --storage s3://bucket/prefix --out DIR   # in this process
 
 The comparison runs the same scenario twice: with the notice (train.preemption_check_s=1, the loop saves
 a checkpoint before the deadline) and without it (0: the run resumes from its last periodic checkpoint).
@@ -195,7 +196,11 @@ def main() -> int:
     parser.add_argument("--storage", help="storage URI every node shares (default: a local S3 server of its own)")
     parser.add_argument("--out", help="directory for the figures and logs (default: a temporary one)")
     parser.add_argument("--deadline-s", type=float, default=DEADLINE_S, help="the drain's deadline (default: 20)")
+    parser.add_argument("--scenarios", default="notice,none", help="the scenarios to compare (default: notice,none)")
     args = parser.parse_args()
+    unknown = set(args.scenarios.split(",")) - {"notice", "none"}
+    if unknown:
+        parser.error(f"--scenarios {args.scenarios}: {', '.join(sorted(unknown))} is not a scenario (notice, none)")
     out = Path(args.out or tempfile.mkdtemp(prefix="spot-rehearsal-"))
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
@@ -221,10 +226,12 @@ def main() -> int:
         storage = "s3://spot/rehearsal"
     try:
         result = {"benchmark": "spot_rehearsal", "cpu_count": os.cpu_count(), "deadline_s": args.deadline_s}
-        for name in ("notice", "none"):
-            figures, _ = run_scenario(name, storage, out, deadline_s=args.deadline_s)
-            result[name] = {k: figures.get(k) for k in ("updates_lost", "last_update", "resumed_from", "seconds",
-                                                        "tags", "status", "chaos_error")}
+        every = {}  # each scenario's whole figures (metric histories included), for the tests
+        for name in args.scenarios.split(","):
+            every[name], _ = run_scenario(name, storage, out, deadline_s=args.deadline_s)
+            result[name] = {k: every[name].get(k) for k in ("updates_lost", "last_update", "resumed_from",
+                                                            "seconds", "tags", "status", "chaos_error")}
+        (out / "figures.json").write_text(json.dumps(every))
         print(json.dumps(result))
     finally:
         if s3 is not None:

@@ -31,9 +31,10 @@ def _cuda_test_device() -> str:
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items):
     """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast);
-    order the modules: those without slow tests first, then the others, then those with a background job.
+    order the modules: those without slow tests, the `light` slow ones, the other slow ones, those with a
+    background job.
 
-    The fast tests keep about one core busy; the background lane's job uses the other while they run.
+    The fast tests and the light ones keep about one core busy; the background lane's jobs use the other.
     """
     cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
     if cuda_tests and _cuda_test_device() == "cuda":
@@ -48,8 +49,15 @@ def pytest_collection_modifyitems(items):
     if unmarked:
         raise pytest.UsageError(f"mark these tests @pytest.mark.slow (they use {sorted(HEAVY_FIXTURES)}): {unmarked}")
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items[:] = sorted(items, key=lambda item: 2 if hasattr(item.module, "background_job") else
-                      int(item.module.__name__ in slow_modules))  # stable: pytest's order within each group
+    light_modules = {item.module.__name__ for item in items if item.get_closest_marker("light")}
+
+    def group(item) -> int:
+        name = item.module.__name__
+        if hasattr(item.module, "background_job"):
+            return 3
+        return 0 if name not in slow_modules else 1 if name in light_modules else 2
+
+    items[:] = sorted(items, key=group)  # stable: pytest's order within each group
 
 
 # Modules with a `background_job` (see tests/lane.py) have their command started once collection ends.

@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, free_port, stop_process, wait_http
 from deploy_files import KUBERAY, container_env, defined_objects, header, mlflow_args, mlflow_container
 
+pytestmark = pytest.mark.light  # its slow test waits on a server: it runs beside the background lane
 SERVICE_DB = "mlflow@mlflow-postgres.mlflow.svc.cluster.local:5432"
 
 

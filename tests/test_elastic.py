@@ -1,7 +1,6 @@
-"""Spot nodes: the batch an update averages across resizes, restart causes, and the rehearsal on real Ray nodes
-(a preemption notice becomes a checkpoint, the run shrinks to one worker and grows back to two)."""
+"""Spot nodes: the batch an update averages across resizes, restart causes, the preemption checks and the
+notice's hook (the rehearsal on real Ray nodes is tests/test_spot.py)."""
 
-import json
 import math
 import statistics
 import sys
@@ -189,49 +188,6 @@ def test_preemption_restart_tags_node_metrics_and_no_nan_reach_mlflow():
     assert {(m.key, m.value, m.step, m.timestamp) for m in entries} == {
         ("system/node-a/cpu_utilization_percentage", 50.0, 12, 2000),
         ("system/node-b/cpu_utilization_percentage", 70.0, 12, 2500)}
-
-
-@pytest.mark.slow
-def test_preempted_node_checkpoints_before_its_deadline_and_the_elastic_run_shrinks_then_grows(tmp_path, s3_bucket):
-    from spot_rehearsal import run_scenario
-
-    started = time.monotonic()
-    deadline_s = 10  # half the benchmark's: the checkpoint is stored within about 5 s of the notice
-    result, log = run_scenario("notice", f"{s3_bucket}/spot-{tmp_path.name}", tmp_path, timeout_s=600,
-                               deadline_s=deadline_s)
-    assert result["status"] == "FINISHED" and "chaos_error" not in result, result
-    history = result["history"]
-    # The notice became a checkpoint after the drain and before the deadline (the report that carries it).
-    (warned,) = set(map(tuple, history["preemption_warning_s"]))  # logged again when resumed: MLflow keeps one
-    jit_step, warning_s, reported_ms = warned
-    assert result["drained_at"] * 1000 <= reported_ms <= result["deadline"] * 1000, (result, warned)
-    assert 0 < warning_s <= deadline_s
-    # The run resumed from exactly that step: no update lost (rank 0 never trained past it).
-    resumed = [int(v) for _, v, _ in sorted(history["resumed_from_step"], key=lambda e: e[2])]
-    assert resumed[0] == jit_step, (resumed, jit_step)
-    assert result["updates_lost"] == 0, {k: result[k] for k in ("last_update", "resumed_from")}
-    # Two workers, then one (with the same tokens per update, within 10%), then two again.
-    sizes = [(step, int(v), t) for step, v, t in sorted(history["world_size"], key=lambda e: e[2])]
-    order = [size for i, (_, size, _) in enumerate(sizes) if i == 0 or size != sizes[i - 1][1]]
-    assert order[:3] == [2, 1, 2], order
-    size_of = {(step, stamp): size for step, size, stamp in sizes}  # both values of a progress line
-    tokens = {}
-    for step, value, stamp in history["tokens_per_update"]:
-        tokens.setdefault(size_of[step, stamp], []).append(value)
-    two, one = (sum(tokens[n]) / len(tokens[n]) for n in (2, 1))
-    assert abs(one - two) <= 0.1 * two, (one, two)
-    # Each restart has its tag; max_failures is 0, so no restart was counted as a failure.
-    tags = result["tags"]
-    assert tags["restart.1"].startswith(f"preemption at step {jit_step}, 2 -> 1 workers"), tags
-    assert any(v.startswith("resize at step") and v.endswith("1 -> 2 workers") for v in tags.values()), tags
-    # Every validation logged once.
-    val_steps = [step for step, _, _ in history["val_loss"]]
-    assert len(val_steps) == len(set(val_steps)), val_steps
-    # Both original worker nodes logged their own system metrics.
-    for node in result["nodes"]:
-        assert f"system/{node}/cpu_utilization_percentage" in result["system_keys"], (node, result["system_keys"])
-    (tmp_path / "figures.json").write_text(json.dumps(result))
-    print(f"spot rehearsal: {time.monotonic() - started:.0f}s")
 
 
 def test_the_spot_groups_prestop_hook_passes_the_preemption_notice_on_within_the_grace_period():

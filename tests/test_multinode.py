@@ -2,7 +2,7 @@
 
 The nodes share no local path: the prepared data and the checkpoints are on the session's S3 server.
 Losing a node is tested where it is the point: a killed worker node in test_cluster_rehearsal.py,
-a preempted one in test_elastic.py.
+a preempted one in test_spot.py.
 """
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(600)]
 PREFIX = ""  # `nmt serve` serves at the root
 SENTENCES = ["the dog sees the cat .", "a small child plays in the garden ."]
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from small import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(900)]
 
 
 def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_champion(tmp_path):
