@@ -190,17 +190,24 @@ def run_scenario(name: str, storage: str, out: Path, timeout_s: float = 900,
     return {**figures, **updates_lost(text)}, text
 
 
+def _scenarios(text: str) -> list[str]:
+    """--scenarios: a comma-separated list of notice and none."""
+    names = text.split(",")
+    unknown = sorted(set(names) - {"notice", "none"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)} is not a scenario (notice, none)")
+    return names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=("notice", "none"), help="run one scenario in this process")
     parser.add_argument("--storage", help="storage URI every node shares (default: a local S3 server of its own)")
     parser.add_argument("--out", help="directory for the figures and logs (default: a temporary one)")
     parser.add_argument("--deadline-s", type=float, default=DEADLINE_S, help="the drain's deadline (default: 20)")
-    parser.add_argument("--scenarios", default="notice,none", help="the scenarios to compare (default: notice,none)")
+    parser.add_argument("--scenarios", type=_scenarios, default="notice,none",
+                        help="the scenarios to compare (default: notice,none)")
     args = parser.parse_args()
-    unknown = set(args.scenarios.split(",")) - {"notice", "none"}
-    if unknown:
-        parser.error(f"--scenarios {args.scenarios}: {', '.join(sorted(unknown))} is not a scenario (notice, none)")
     out = Path(args.out or tempfile.mkdtemp(prefix="spot-rehearsal-"))
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
@@ -227,7 +234,7 @@ def main() -> int:
     try:
         result = {"benchmark": "spot_rehearsal", "cpu_count": os.cpu_count(), "deadline_s": args.deadline_s}
         every = {}  # each scenario's whole figures (metric histories included), for the tests
-        for name in args.scenarios.split(","):
+        for name in args.scenarios:
             every[name], _ = run_scenario(name, storage, out, deadline_s=args.deadline_s)
             result[name] = {k: every[name].get(k) for k in ("updates_lost", "last_update", "resumed_from",
                                                             "seconds", "tags", "status", "chaos_error")}
