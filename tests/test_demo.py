@@ -51,7 +51,7 @@ def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(quick_demo):
     transcript = next(block for block in README.read_text().split("```") if "=== [1/4]" in block)
     assert structure(transcript) == structure(out), (structure(transcript), structure(out))
     test_bleu = float(re.search(r"^test BLEU ([0-9.]+),", out, re.MULTILINE).group(1))
-    assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0; ~20 on a quiet machine
+    assert test_bleu >= 5.0, out[-3000:]  # an untrained model scores ~0; 10-13 over three seeds
     client = MlflowClient(quick_demo.uri)
     champion = client.get_model_version_by_alias("transformer-nmt-demo-en-de", "champion")
     assert str(champion.version) == "1"

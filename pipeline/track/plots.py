@@ -90,12 +90,18 @@ def _kind(name: str) -> str:
     return "cross" if name.endswith("cross_attn") else "decoder_self"
 
 
+def _map_length(source_pieces: int) -> int:
+    """The most target pieces a map shows: an early checkpoint repeats itself up to the decoder's limit (the
+    source's length + 50), and maps of that many rows are unreadable and slow to draw (a label per row)."""
+    return source_pieces * 3 // 2 + 5
+
+
 @torch.no_grad()
 def attention_maps(translator: Translator, source: str) -> dict[str, Figure]:
     """One figure per attention kind: layers as rows, heads as columns, for the model's own translation."""
     model, tokenizer = translator.model, translator.tokenizer
     src_ids = tokenizer.encode_src([source])[0]
-    hyp = translator.translate([source], beam_size=1)[0]
+    hyp = translator.translate([source], beam_size=1, max_len=_map_length(len(src_ids)))[0]
     tgt_ids = tokenizer.encode_tgt([hyp])[0]
     modules = model.attention_modules()
     for module in modules.values():
