@@ -259,9 +259,13 @@ def test_burst_gets_200_or_503_and_nothing_is_lost(service):
 def _replica_rss(app_name: str) -> int:
     """Resident memory of the app's one Translator replica process."""
     import psutil
+    import ray
     from ray.util.state import list_actors
 
-    (actor,) = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+    # The session's cluster by name: the background lane's clusters run on this machine too, and without an
+    # address Ray's State API asks the newest one.
+    (actor,) = [a for a in list_actors(address=ray.get_runtime_context().gcs_address,
+                                       filters=[("state", "=", "ALIVE")], limit=1000)
                 if a.class_name == f"ServeReplica:{app_name}:Translator"]
     return psutil.Process(actor.pid).memory_info().rss
 

@@ -96,11 +96,15 @@ def state_api_problem() -> str | None:
     Ray Train's placement-group cleaner asks the State API whether a run's controller is still
     alive; without it, the resources of a trial that Tune stops early are never released.
     """
+    import ray
     from ray.util.state import list_actors
     from ray.util.state.exception import RayStateApiException
 
+    # The connected cluster's address: without one, Ray picks the newest instance on this machine, which
+    # can be another cluster than the one the sweep runs on.
+    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     try:
-        list_actors(limit=1, timeout=30, raise_on_missing_output=False)
+        list_actors(address=address, limit=1, timeout=30, raise_on_missing_output=False)
     except (RayStateApiException, ConnectionError, OSError) as err:
         return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     return None
