@@ -10,14 +10,16 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-MAX_STEPS = 160
+MAX_STEPS = 160  # the interrupted trial's; the one that finishes first trains SHORT
+SHORT = 40
 # Each stop waits for a window of several validations (every 20 updates): results reach MLflow in
 # bursts on a loaded machine, and a window of one or two validations was missed there.
 FIRST_STOP = 80
 
 
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
-    (tmp_path / "space.yaml").write_text("train.lr_scale: {grid: [2.0, 1.5]}\n")
+    # A short trial first (grid order), then the long one that the stops interrupt.
+    (tmp_path / "space.yaml").write_text(f"train.max_steps: {{grid: [{SHORT}, {MAX_STEPS}]}}\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
     command = nmt("tune", "--config", "configs/demo.yaml", "--space", str(tmp_path / "space.yaml"),
@@ -50,6 +52,8 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     code, log = run_until(command, lambda: finished_and_early(trial_runs()), tmp_path / "sigint.log", signal.SIGINT)
     assert code == 130 and "nmt tune: interrupted; the same command with --resume" in log, log[-3000:]
     assert "Traceback" not in driver_output(log), log[-3000:]  # a worker's teardown noise aside
+    # The short trial reached its own train.max_steps, not the command's: it did not stop early.
+    assert f" ended at update {SHORT}: val_bleu " in log, log[-3000:]
     sweep_run = [r for r in client.search_runs([client.get_experiment_by_name("resume").experiment_id])
                  if r.data.tags.get("nmt.kind") == "sweep"]
     assert [r.info.status for r in sweep_run] == ["KILLED"]

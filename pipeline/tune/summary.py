@@ -149,7 +149,8 @@ def trial_lines(max_steps: int):
                 logger.info(f"trial {trial.trial_id} rejected: {result['rejected']}")
                 return
             step = result.get("step", 0)
-            early = " (stopped early)" if max_steps and step < max_steps else ""
+            planned = trial.config.get("train.max_steps", max_steps)  # a space can set each trial's length
+            early = " (stopped early)" if planned and step < planned else ""
             done = 1 + sum(t.status in ("TERMINATED", "ERROR") for t in trials if t is not trial)
             # Its best, as the trial table shows: the last report can be a weaker checkpoint average.
             best = trial.metric_analysis.get("val_bleu", {}).get("max", result.get("val_bleu", float("nan")))
