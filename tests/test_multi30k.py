@@ -32,14 +32,14 @@ def test_a_few_minutes_on_multi30k_lift_validation_bleu_well_above_zero(ray_sess
         f"data.path={corpus}", f"data.output_dir={tmp_path / 'data'}", "data.vocab_size=3000",
         # A quick recipe of its own, model included: its learning rate suits 4 heads, not every shipped config.
         "model.num_heads=4", "model.num_layers=2", "model.dropout=0.1", "train.num_workers=1", "train.max_tokens=3000",
-        "train.max_steps=600", "train.epochs=100", "train.val_interval=300", "train.warmup_steps=300",
+        "train.max_steps=400", "train.epochs=100", "train.val_interval=200", "train.warmup_steps=300",
         "train.lr_scale=2.0", "train.beam_size=1", "train.average_last=1", "train.log_every=50"])
     manifest = prepare(cfg.data)
     train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, TorchrunContext(str(tmp_path / "runs")))
     last = checkpoint.load(sorted((tmp_path / "runs").glob("checkpoint_*"))[-1])
     history = last["progress"]["history"]
     assert history[0]["val_bleu"] < history[-1]["val_bleu"]
-    assert history[-1]["val_bleu"] >= 5.0, history  # an untrained model scores ~0; 600 updates reach ~10
+    assert history[-1]["val_bleu"] >= 5.0, history  # an untrained model scores ~0; 400 updates: 8.1-9.7
 
     _beam_search_returns_what_the_reference_returns_on_test2016(last, manifest, multi30k_dir)
     _the_ctranslate2_export_decodes_like_pytorch(last, manifest, tmp_path)
@@ -83,5 +83,5 @@ def _the_ctranslate2_export_decodes_like_pytorch(state: dict, manifest, tmp_path
     same = sum(a == b for a, b in zip(ours, outputs["float32"])) / len(ours)
     print(f"CTranslate2 float32: {same:.1%} identical to PyTorch; BLEU {bleu}")
     assert same >= 0.99 and abs(bleu["float32"] - bleu["pytorch"]) <= 0.1, (same, bleu)
-    # 100 sentences of a 600-update model: BLEU moves by about a point for any small change in the outputs.
+    # 100 sentences of a 400-update model: BLEU moves by about a point for any small change in the outputs.
     assert abs(bleu["int8"] - bleu["float32"]) <= 1.5, bleu

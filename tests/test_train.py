@@ -49,7 +49,7 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
 
 
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
-    cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
+    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.average_last=1",
                        "model.dropout=0.1", "train.cooldown=0.5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
@@ -121,7 +121,7 @@ class Detonator:
 
 def test_a_corrupt_or_crafted_latest_checkpoint_falls_back_to_the_previous_one(ray_session, workdir, tmp_path,
                                                                                 capfd):
-    cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
+    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.average_last=1",
                        "train.keep_checkpoints=5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
