@@ -121,7 +121,7 @@ class Detonator:
 
 def test_a_corrupt_or_crafted_latest_checkpoint_falls_back_to_the_previous_one(ray_session, workdir, tmp_path,
                                                                                 capfd):
-    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.average_last=1",
+    cfg = small_config(workdir, "train.epochs=3", "train.val_interval=7", "train.average_last=1",
                        "train.keep_checkpoints=5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
