@@ -1,7 +1,5 @@
 """`python -m pipeline` is the `nmt` command."""
 
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

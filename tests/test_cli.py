@@ -3,6 +3,9 @@
 import logging
 import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,6 +13,27 @@ import yaml
 from pipeline.cli import HANDLERS, main
 from pipeline.config import load_config
 from pipeline.parser import build_parser
+
+
+def test_the_command_ends_after_its_threads_and_exit_handlers_without_the_interpreters_teardown():
+    """`nmt` (cli.run) keeps main()'s exit status, waits for threads and runs the exit handlers as CPython's exit
+    does, then ends: an object that only the teardown of the modules would free is never freed."""
+    script = """
+import atexit, sys, threading, time
+from pipeline.cli import run
+class FreedAtTeardown:
+    def __del__(self):
+        print("module teardown", flush=True)
+kept = FreedAtTeardown()  # a module global: only the interpreter's teardown frees it
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
+atexit.register(print, "exit handler ran")
+sys.argv = ["nmt", "config", "--config", "configs/demo.yaml", "--set", "train.epochs=oops"]
+run()
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "train.epochs must be of type int" in result.stderr, result.stderr
+    assert result.stdout.splitlines() == ["thread finished", "exit handler ran"], result.stdout
 
 
 def test_version_names_the_installed_package(capsys):
