@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 from benchmark_table import write_table  # noqa: E402
 
 SCRIPTS = ["model_step.py", "peer_hf.py", "batching.py", "prepare.py", "train_overhead.py", "tune_asha.py", "serve.py",
-           "scale.py", "prepare_files.py", "tracking_load.py"]
+           "scale.py", "prepare_files.py", "tracking_load.py", "cli_exit.py"]
 
 
 # Pass/fail flags some scripts print against the goals they were tuned towards: not measurements.

@@ -88,6 +88,9 @@ HEADLINES = [
      "450k pairs: {wmt14_rehearsal[prepare_small][driver_peak_rss_mib]:,} "
      "in {wmt14_rehearsal[prepare_small][seconds]:.0f} s",
      "{wmt14_rehearsal[driver_rss_ratio_large_to_small]:.2f}x for 10x the pairs"),
+    ("cli_exit", "`nmt train` of 40 updates: seconds from its last line to the end of the process",
+     "{cli_exit[median][nmt][tail_s]:.2f}", "CPython's usual exit: {cli_exit[median][usual_exit][tail_s]:.2f}",
+     "the whole command {cli_exit[wall_ratio_nmt_over_usual]:.2f}x as long"),
     ("tracking_load", "one MLflow server with logins, 256 concurrent trials on 2 shared cores: requests failed, "
                       "points lost, p99 request",
      "PostgreSQL: {tracking_load[by_level][postgresql_256][request_errors]:,} failed, "
