@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,10 +30,10 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["data.demo_sizes={train: 3000, validation: 100, test: 100}", "data.vocab_size=600", "model.d_model=64",
-         "model.d_ff=128", "model.num_heads=4", "model.num_layers=1", "train.num_workers=1", "train.max_tokens=2048",
-         "train.warmup_steps=50", "train.beam_size=2", "train.max_steps=40", "train.val_interval=20",
-         "train.epochs=100"]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from small import SMALL as SMALL_CONFIG  # noqa: E402  (the tests' small demo config)
+
+SMALL = [*SMALL_CONFIG, "train.max_steps=40", "train.val_interval=20", "train.epochs=100"]
 ENTRIES = {"nmt": ["-m", "pipeline"],
            "usual_exit": ["-c", "import sys; from pipeline.cli import main; sys.exit(main())"]}
 
@@ -74,6 +75,7 @@ def main() -> None:
             runs[name].append(timed([sys.executable, *entry, "train", *common,
                                      *(x for item in sets for x in ("--set", item))]))
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
     medians = {name: {key: statistics.median(r[key] for r in results) for key in ("wall_s", "tail_s")}
                for name, results in runs.items()}
     print(json.dumps({
