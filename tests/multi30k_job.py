@@ -4,8 +4,9 @@ CTranslate2 export. It writes the figures the test asserts on to WORKDIR/result.
 
     python tests/multi30k_job.py MULTI30K_DIR WORKDIR
 
-Preparing starts a local Ray; once it is shut down, the process moves to the idle scheduling class
-(SCHED_IDLE), so the training and decoding take only the cycles the tests leave free.
+Preparing starts a local Ray; once it is shut down, the job lowers its session's priority to nice 19 and
+its threads to the idle scheduling class, so the training and decoding take only the cycles the tests leave
+free.
 """
 
 from __future__ import annotations
@@ -50,7 +51,17 @@ def subset(multi30k: Path, corpus: Path) -> None:
 
 
 def idle_from_now_on() -> None:
-    """Every thread of this process, and every one it starts later, in the idle scheduling class."""
+    """This job yields the cores to everything else on the machine from now on.
+
+    The kernel shares the cores between sessions first (autogroups: every lane job and every command the
+    tests start has a session of its own), so the job's session, when it leads one, gets the weight of
+    nice 19; every thread of this process, and every one it starts later, is in the idle scheduling class.
+    """
+    if os.getsid(0) == os.getpid():  # only a session of its own (the lane's), never the caller's shell
+        try:
+            Path("/proc/self/autogroup").write_text("19")
+        except OSError:  # no autogroups (a kernel without them, or turned off): the idle class is enough
+            pass
     for thread in os.listdir("/proc/self/task"):
         os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
     torch.set_num_threads(1)  # one thread: a parallel region would wait for a thread the tests preempt
