@@ -1,8 +1,8 @@
 """Real learning on real data: a few minutes of training on a Multi30k subset lifts held-out BLEU well above 0,
 and the trained model's beam search and CTranslate2 export decode test2016 as they should.
 
-The training and decoding (tests/multi30k_job.py) run as an idle job of the background lane, after its other
-jobs, on the cycles the heavy tests leave free; the test, run last, reads its figures.
+The training and decoding (tests/multi30k_job.py) run as an idle job of the background lane, on the cycles
+the other tests leave free; the test, run last, reads its figures.
 """
 
 import json
