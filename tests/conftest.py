@@ -92,9 +92,9 @@ def lane() -> Lane:
 
 @pytest.fixture(autouse=True)
 def one_torch_thread_while_the_lane_runs():
-    """Torch in this process uses one thread while a background job runs (an idle one yields at once). With two
-    threads on cores the job also uses, each parallel region waits for its slower thread: the reversal test took
-    104 s beside the rehearsal, against 19 s alone."""
+    """Torch in this process uses one thread while a background job runs (not for an idle job, which yields).
+    With two threads on cores the job also uses, each parallel region waits for its slower thread: the reversal
+    test took 104 s beside the rehearsal, against 19 s alone."""
     import torch
 
     threads = torch.get_num_threads()

@@ -5,10 +5,10 @@ core busy. A test module takes part by defining `background_job(workdir) -> Job`
 
 Measured on 2 cores: the cluster rehearsal keeps 1.3 cores busy for three minutes, the fast tests 1.05 for two.
 
-An `idle` job starts at once beside the others and, once set up, moves itself to the idle scheduling
-class (SCHED_IDLE): it runs on the cycles that the tests and the other jobs leave free, which the
-stopped-driver and sweep tests leave on the second core for minutes. A torch loop of 2 threads ran 2%
-slower beside such a job of 1 thread, against 3.3 times slower beside the same job at normal priority.
+An `idle` job starts at once beside the others and, once set up, lowers its own priority: its session to
+nice 19 (the kernel shares the cores between sessions first) and its threads to the idle scheduling class.
+It then runs on the cycles that nothing else wants: a pair of Ray Train tests took 70 s beside such a job
+as alone, while at normal priority the job slowed the tests around it as much as it saved.
 """
 
 from __future__ import annotations
