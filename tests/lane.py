@@ -8,7 +8,7 @@ Measured on 2 cores: the cluster rehearsal keeps 1.3 cores busy for three minute
 An `idle` job starts at once beside the others and, once set up, lowers its own priority: its session to
 nice 19 (the kernel shares the cores between sessions first) and its threads to the idle scheduling class.
 It then runs on the cycles that nothing else wants: a pair of Ray Train tests took 70 s beside such a job
-as alone, while at normal priority the job slowed the tests around it as much as it saved.
+as alone, while at normal priority the job slowed the tests around it more than it saved.
 """
 
 from __future__ import annotations
