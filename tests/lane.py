@@ -14,6 +14,7 @@ as alone, while at normal priority the job slowed the tests around it more than 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 import tempfile
@@ -32,7 +33,23 @@ class Job:
     cwd: Path
     env: dict[str, str]
     timeout_s: float
-    idle: bool = False  # starts at once, in a thread of its own, and lowers its own priority (see above)
+    idle: bool = False  # starts at once, in a thread of its own, and calls lower_to_idle() once set up
+
+
+def lower_to_idle() -> None:
+    """What an idle job calls once set up: it yields the cores to everything else on the machine from then on.
+
+    The kernel shares the cores between sessions first (autogroups: every lane job and every command the
+    tests start has a session of its own), so the job's session, when it leads one, gets the weight of
+    nice 19; every thread of the process, and every one it starts later, is in the idle scheduling class.
+    """
+    if os.getsid(0) == os.getpid():  # only a session of its own (the lane's), never the caller's shell
+        try:
+            Path("/proc/self/autogroup").write_text("19")
+        except OSError:  # no autogroups (a kernel without them, or turned off): the idle class is enough
+            pass
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
 
 
 @dataclasses.dataclass(frozen=True)

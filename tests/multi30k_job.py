@@ -4,24 +4,23 @@ CTranslate2 export. It writes the figures the test asserts on to WORKDIR/result.
 
     python tests/multi30k_job.py MULTI30K_DIR WORKDIR
 
-Preparing starts a local Ray; once it is shut down, the job lowers its session's priority to nice 19 and
-its threads to the idle scheduling class, so the training and decoding take only the cycles the tests leave
-free.
+Preparing starts a local Ray; once it is shut down, the job lowers its priority (tests/lane.py:
+lower_to_idle), so the training and decoding take only the cycles the tests leave free.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]  # lane imports servers
 
 import sacrebleu  # noqa: E402
 import torch  # noqa: E402
+from lane import lower_to_idle  # noqa: E402
 from reference_search import reference_beam_search  # noqa: E402
 
 from model import TransformerConfig, beam_search  # noqa: E402
@@ -50,29 +49,12 @@ def subset(multi30k: Path, corpus: Path) -> None:
             (corpus / f"{split}.{lang}").write_text("".join(text[:lines]), encoding="utf-8")
 
 
-def idle_from_now_on() -> None:
-    """This job yields the cores to everything else on the machine from now on.
-
-    The kernel shares the cores between sessions first (autogroups: every lane job and every command the
-    tests start has a session of its own), so the job's session, when it leads one, gets the weight of
-    nice 19; every thread of this process, and every one it starts later, is in the idle scheduling class.
-    """
-    if os.getsid(0) == os.getpid():  # only a session of its own (the lane's), never the caller's shell
-        try:
-            Path("/proc/self/autogroup").write_text("19")
-        except OSError:  # no autogroups (a kernel without them, or turned off): the idle class is enough
-            pass
-    for thread in os.listdir("/proc/self/task"):
-        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
-    torch.set_num_threads(1)  # one thread: a parallel region would wait for a thread the tests preempt
-
-
-def beam_differences(state: dict, manifest, multi30k: Path) -> int:
+def beam_differences(state: dict, tokenizer, multi30k: Path) -> int:
     """How many of test2016's 1,000 beam-4 outputs differ between model.beam_search and the reference search."""
     model = Translator.from_state(state["model"], TransformerConfig.from_dict(state["model_config"]),
-                                  manifest.tokenizer()).model.eval()
+                                  tokenizer).model.eval()
     lines = (multi30k / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
-    ids = sorted(manifest.tokenizer().encode_src(lines), key=len)
+    ids = sorted(tokenizer.encode_src(lines), key=len)
     assert len(ids) == 1000, len(ids)
     differing = 0
     for start in range(0, len(ids), 125):  # length-sorted batches, as translate_ids makes them
@@ -85,7 +67,7 @@ def beam_differences(state: dict, manifest, multi30k: Path) -> int:
     return differing
 
 
-def ct2_comparison(state: dict, manifest, workdir: Path) -> dict | None:
+def ct2_comparison(state: dict, manifest, tokenizer, workdir: Path) -> dict | None:
     """The CTranslate2 export against PyTorch on the test subset: identical outputs and BLEU per quantization."""
     try:
         import ctranslate2  # noqa: F401
@@ -94,7 +76,7 @@ def ct2_comparison(state: dict, manifest, workdir: Path) -> dict | None:
     except ImportError:
         return None
     translator = Translator.from_state(state["model"], TransformerConfig.from_dict(state["model_config"]),
-                                       manifest.tokenizer(), beam_size=4)
+                                       tokenizer, beam_size=4)
     test = manifest.read_split("test", ["src", "tgt"])
     sources, references = test.column("src").to_pylist(), [test.column("tgt").to_pylist()]
     # alpha 0: CTranslate2 divides a beam's score by length ** alpha, model.decoding by the GNMT penalty, so
@@ -119,12 +101,14 @@ def main(multi30k: Path, workdir: Path) -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     manifest = prepare(cfg.data)
     ray.shutdown()
-    idle_from_now_on()
+    lower_to_idle()
+    torch.set_num_threads(1)  # one thread: a parallel region would wait for a thread the tests preempt
     runs = workdir / "runs"
     train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, TorchrunContext(str(runs)))
     last = checkpoint.load(sorted(runs.glob("checkpoint_*"))[-1])
-    result = {"history": last["progress"]["history"], "beam_differences": beam_differences(last, manifest, multi30k),
-              "ct2": ct2_comparison(last, manifest, workdir)}
+    tokenizer = manifest.tokenizer()  # read once from the prepared data
+    result = {"history": last["progress"]["history"], "beam_differences": beam_differences(last, tokenizer, multi30k),
+              "ct2": ct2_comparison(last, manifest, tokenizer, workdir)}
     partial = workdir / "result.json.partial"
     partial.write_text(json.dumps(result, indent=1))
     partial.rename(workdir / "result.json")
