@@ -5,16 +5,14 @@ core busy. A test module takes part by defining `background_job(workdir) -> Job`
 
 Measured on 2 cores: the cluster rehearsal keeps 1.3 cores busy for three minutes, the fast tests 1.05 for two.
 
-An `idle` job starts at once beside the others and, once set up, lowers its own priority: its session to
-nice 19 (the kernel shares the cores between sessions first) and its threads to the idle scheduling class.
-It then runs on the cycles that nothing else wants: a pair of Ray Train tests took 70 s beside such a job
-as alone, while at normal priority the job slowed the tests around it more than it saved.
+An `idle` job starts at once beside the others, in a thread of its own, and once set up lowers its own
+priority (tests/idle.py): it then runs on the cycles that nothing else wants. A pair of Ray Train tests took
+70 s beside such a job as alone, while at normal priority the job slowed the tests around it more than it saved.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import subprocess
 import tempfile
@@ -33,23 +31,7 @@ class Job:
     cwd: Path
     env: dict[str, str]
     timeout_s: float
-    idle: bool = False  # starts at once, in a thread of its own, and calls lower_to_idle() once set up
-
-
-def lower_to_idle() -> None:
-    """What an idle job calls once set up: it yields the cores to everything else on the machine from then on.
-
-    The kernel shares the cores between sessions first (autogroups: every lane job and every command the
-    tests start has a session of its own), so the job's session, when it leads one, gets the weight of
-    nice 19; every thread of the process, and every one it starts later, is in the idle scheduling class.
-    """
-    if os.getsid(0) == os.getpid():  # only a session of its own (the lane's), never the caller's shell
-        try:
-            Path("/proc/self/autogroup").write_text("19")
-        except OSError:  # no autogroups (a kernel without them, or turned off): the idle class is enough
-            pass
-    for thread in os.listdir("/proc/self/task"):
-        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+    idle: bool = False  # starts at once, in a thread of its own, and lowers its priority once set up (tests/idle.py)
 
 
 @dataclasses.dataclass(frozen=True)

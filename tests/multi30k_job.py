@@ -4,8 +4,8 @@ CTranslate2 export. It writes the figures the test asserts on to WORKDIR/result.
 
     python tests/multi30k_job.py MULTI30K_DIR WORKDIR
 
-Preparing starts a local Ray; once it is shut down, the job lowers its priority (tests/lane.py:
-lower_to_idle), so the training and decoding take only the cycles the tests leave free.
+Preparing starts a local Ray; once it is shut down, the job lowers its priority (tests/idle.py), so the
+training and decoding take only the cycles the tests leave free.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]  # lane imports servers
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import sacrebleu  # noqa: E402
 import torch  # noqa: E402
-from lane import lower_to_idle  # noqa: E402
+from idle import lower_to_idle  # noqa: E402
 from reference_search import reference_beam_search  # noqa: E402
 
 from model import TransformerConfig, beam_search  # noqa: E402
