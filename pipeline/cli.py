@@ -65,7 +65,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .launch.demo import run_demo
 
-    run_demo(quick=args.quick, workdir=args.workdir, overrides=args.overrides)
+    run_demo(quick=args.quick, workdir=args.workdir, overrides=args.overrides, address=args.address)
     sys.stdout.flush()
     return 0
 

@@ -107,7 +107,7 @@ def _add_pipeline_commands(commands: _Commands, address: argparse.ArgumentParser
     tune.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
 
     demo = command("demo", "the whole pipeline on the built-in corpus in minutes (make demo)",
-                   ["nmt demo", "nmt demo --quick --workdir /tmp/nmt-demo"])
+                   ["nmt demo", "nmt demo --quick --workdir /tmp/nmt-demo"], parents=[address])
     demo.add_argument("--quick", action="store_true", help="a smaller corpus, model and sweep (for CI)")
     demo.add_argument("--workdir", help="where data, runs and mlflow.db go (default: here)")
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -7,7 +7,6 @@ scored on the test split and asked for a few translations.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,8 @@ def _banner(step: int, total: int, text: str) -> None:
     print(f"\n=== [{step}/{total}] {text}", flush=True)
 
 
-def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[str] | None = None) -> dict:
+def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[str] | None = None,
+             address: str | None = None) -> dict:
     """Prepare, sweep, register, evaluate, translate; returns the figures the summary shows."""
     from ..serve.commands import evaluate, load_engine, pin, split_texts, translate
     from ..track.registry import champion_uri
@@ -57,7 +57,7 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     started = time.perf_counter()
     _banner(1, 4, f"Ray Tune sweep of {space.relative_to(ROOT)} (each trial a {cfg.train.num_workers}-worker Ray "
                   f"Train run of {cfg.train.max_steps} updates; the corpus is prepared with Ray Data first)")
-    outcome = sweep(cfg, str(space), resume=None)  # a second run continues (or just reports) the same sweep
+    outcome = sweep(cfg, str(space), address=address, resume=None)  # a second run continues or reports it
     _banner(2, 4, "trials (val BLEU on the validation split)")
     print(format_trials(outcome))
     model_uri = champion_uri(cfg.tracking.registered_model)
@@ -85,9 +85,3 @@ def run_demo(quick: bool = False, workdir: str | None = None, overrides: list[st
     return {"test_bleu": scores["bleu"], "trials": outcome.trials, "best": outcome.best,
             "registered": outcome.registered, "minutes": minutes}
 
-
-def main_demo(args) -> int:
-    """CLI entry."""
-    run_demo(quick=args.quick, workdir=args.workdir, overrides=args.overrides)
-    sys.stdout.flush()
-    return 0
