@@ -1,17 +1,12 @@
-"""`nmt demo --quick` end to end (Ray Data, a Tune sweep of Ray Train runs, MLflow registry), then fine-tuning.
+"""`nmt demo --quick` end to end (Ray Data, a Tune sweep of Ray Train runs, MLflow registry), then fine-tuning."""
 
-The demo runs as a user runs it, in a process of its own with a local Ray of its own, in the session's
-background lane (tests/lane.py); the tests, run last, read what it printed and left.
-"""
-
-import os
+import contextlib
+import io
 import re
-import sys
 import types
 from pathlib import Path
 
 import pytest
-from lane import Job
 from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
@@ -27,23 +22,18 @@ def structure(text: str) -> list[str]:
             for line in text.splitlines() if line.startswith("=== [")]
 
 
-def background_job(workdir: Path) -> Job:
-    """`nmt demo --quick` in workdir/demo, on a local Ray of its own."""
-    argv = [sys.executable, "-m", "pipeline", "demo", "--quick", "--workdir", str(workdir / "demo"),
-            "--address", "local"]
-    return Job(argv, README.parent, dict(os.environ), timeout_s=900)
-
-
 @pytest.fixture(scope="module")
-def quick_demo(lane):
-    """The lane's `nmt demo --quick` run: its exit code, what it printed, its working directory."""
-    outcome = lane.result(__name__)
-    workdir = outcome.workdir / "demo"
-    return types.SimpleNamespace(code=outcome.returncode, out=outcome.stdout, err=outcome.stderr, workdir=workdir,
+def quick_demo(ray_session, tmp_path_factory):
+    """One `nmt demo --quick` run: its exit code, what it printed, its working directory."""
+    workdir = tmp_path_factory.mktemp("quick-demo")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # Ray prints forwarded lines here too
+        code = main(["demo", "--quick", "--workdir", str(workdir)])
+    return types.SimpleNamespace(code=code, out=out.getvalue(), err=err.getvalue(), workdir=workdir,
                                  uri=f"sqlite:///{workdir / 'mlflow.db'}")
 
 
-def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(quick_demo, ray_session):
+def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(quick_demo):
     out, err = quick_demo.out, quick_demo.err
     assert quick_demo.code == 0, err[-3000:]
     assert "test BLEU" in out and "*best*" in out and "mlflow ui --backend-store-uri" in out
@@ -70,7 +60,7 @@ def test_quick_demo_runs_end_to_end_and_the_champion_has_learned(quick_demo, ray
     assert len(client.search_model_versions("name = 'transformer-nmt-demo-en-de'")) == 1
 
 
-def test_the_demo_champion_fine_tuned_on_a_shifted_corpus_beats_it_with_fewer_updates(quick_demo, ray_session):
+def test_the_demo_champion_fine_tuned_on_a_shifted_corpus_beats_it_with_fewer_updates(quick_demo):
     from pipeline.config import load_config
     from pipeline.launch.demo import CONFIG, QUICK
     from pipeline.text.metrics import score
