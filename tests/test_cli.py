@@ -157,3 +157,15 @@ def test_translating_shows_a_bar_on_a_terminal_and_progress_lines_elsewhere(monk
         monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file or a pipe: lines, no bar
         assert translate(engine, ["b"] * 100, 1, batch_size=10, progress=True) == ["B"] * 100
     assert [r.getMessage().split(",")[0] for r in caplog.records] == ["100/100 sentences"]
+
+
+def test_demo_runs_its_sweep_on_the_cluster_given_like_train_and_tune(monkeypatch):
+    """`nmt demo --address` reaches the sweep as `nmt tune --address` does; without it, RAY_ADDRESS or a local Ray."""
+    from pipeline.launch import demo
+
+    calls = []
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: calls.append(kwargs) or {})
+    assert main(["demo", "--quick", "--address", "ray://head:10001", "--workdir", "/tmp/w"]) == 0
+    assert main(["demo"]) == 0
+    assert [(c["address"], c["quick"], c["workdir"]) for c in calls] == [("ray://head:10001", True, "/tmp/w"),
+                                                                         (None, False, None)]
