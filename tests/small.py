@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+from stores import sqlite_uri
+
 from pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +26,7 @@ def data_dir(tmp_path) -> str:
 
 def small_config(tmp_path, *extra, tracking_uri: str | None = None):
     """configs/demo.yaml shrunk, with runs and the MLflow store under tmp_path (data in the session's shared dir)."""
-    uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri or sqlite_uri(tmp_path)
     return load_config(ROOT / "configs" / "demo.yaml",
                        [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                         f"tracking.tracking_uri={uri}", *extra])

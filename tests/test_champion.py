@@ -7,6 +7,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 from registry_files import register, small_tokenizer, small_translator
+from stores import sqlite_uri
 
 from pipeline.common.errors import UserError
 from pipeline.serve import commands
@@ -21,7 +22,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setattr(champion, "LOCK_STALE_S", 2.0)
     monkeypatch.setattr(champion, "LOCK_RENEW_S", 0.3, raising=False)
     monkeypatch.setattr(champion, "LOCK_SETTLE_S", 0.2)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     client = MlflowClient(uri, registry_uri=uri)
     client.create_registered_model(NAME)
     return uri, client

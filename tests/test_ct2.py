@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from stores import sqlite_uri
 
 from model import Transformer, TransformerConfig
 from pipeline.common.errors import UserError
@@ -154,7 +155,7 @@ def test_ct2_length_of_an_evaluation_source_does_not_abort_it(tokenizer, tmp_pat
 
     from pipeline.serve import commands
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     register(uri, "m", [small_translator(tokenizer, max_positions=24)], tmp_path)
     commands.export(uri, "models:/m/1", str(tmp_path / "ct2"), "float32")
     (tmp_path / "src.txt").write_text("a small dog\n" + " ".join(["dog"] * 40) + "\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from stores import sqlite_uri
 
 from model import Transformer, TransformerConfig, label_smoothed_cross_entropy
 from pipeline.common import checkpoint
@@ -180,7 +181,7 @@ def test_the_packaged_pyfunc_model_loads_onto_the_device(device, tokenizer, tmp_
 
     cfg = TransformerConfig.preset("tiny", vocab_size=tokenizer.src_vocab_size, d_model=32, d_ff=64, num_heads=2,
                                    num_layers=1, dropout=0.0)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     client = mlflow.MlflowClient(uri)
     run = client.create_run(client.create_experiment("cuda", artifact_location=str(tmp_path / "artifacts")))
     translator = Translator(Transformer(cfg), tokenizer, device="cpu")

@@ -7,12 +7,13 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
+from stores import sqlite_uri
 
 pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(600)]
 
 
 def test_mlflow_run_of_the_train_entry_point_trains_into_the_run_mlflow_made(ray_session, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     overrides = [*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=mlproject", "train.max_steps=20",
                  "train.val_interval=20"]

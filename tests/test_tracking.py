@@ -12,13 +12,14 @@ import time
 import pytest
 from conftest import environment, free_port
 from mlflow.tracking import MlflowClient
+from stores import sqlite_uri
 
 from pipeline.common.messages import EARLIER_KEY, FINAL_KEY, Report
 from pipeline.track import login, provenance, reports, target, tracking
 
 
 def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("paced")).info.run_id
     earlier = [{"step": s, "time": 1_700_000_000.0 + s, "train_loss": 10.0 - s, "lr": 0.1} for s in (5, 10, 15)]
@@ -37,7 +38,7 @@ def test_a_report_logs_its_earlier_progress_values_at_their_own_steps_and_times(
 def test_a_run_has_mlflow_standard_tags_and_its_datasets_once_however_often_they_are_logged(tmp_path):
     import getpass
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     first = tracking.open_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")
     again = tracking.open_run(uri, "tags", "run-a", {"train.epochs": 3}, {}, source="nmt train")  # a resume
     assert again == first
@@ -62,7 +63,7 @@ def test_datasets_another_run_inserted_at_the_same_moment_are_linked_not_a_failu
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import BAD_REQUEST  # what the SQL store raises: a 400, not retried
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     run = tracking.open_run(uri, "race", "run-b", {}, {}, source="nmt tune")
     datasets = [{"name": "demo/train", "digest": "0123456789abcdef", "source": "/data/train", "context": "train",
                  "profile": {"pairs": 3}}]
@@ -104,7 +105,7 @@ def test_values_the_store_refuses_stay_queued_and_the_last_report_retries_then_s
 
 
 def test_a_run_made_by_mlflow_run_becomes_the_commands_run_keeping_its_source_tags(tmp_path, caplog):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     client = MlflowClient(uri)
     made = client.create_run(client.create_experiment("project"), tags={
         "mlflow.source.name": "file:///repo", "mlflow.source.type": "PROJECT"}).info.run_id
@@ -126,7 +127,7 @@ def test_a_run_made_by_mlflow_run_becomes_the_commands_run_keeping_its_source_ta
     (SystemExit(0), "RUNNING"),  # Tune stopping a trial: the sweep's summary marks it
 ])
 def test_a_run_ends_with_its_block_finished_with_its_tags_failed_killed_or_left_to_the_sweep(tmp_path, raised, status):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     with pytest.raises(type(raised)) if raised else contextlib.nullcontext():
         with tracking.mlflow_run(uri, "ends", "run-a", {}, {}) as run:
             run.end_tags["best_val_bleu"] = "12.34"
@@ -141,7 +142,7 @@ def test_a_store_failing_as_the_run_ends_does_not_hide_the_error_that_ended_it(t
     def refuse(self, status="FINISHED", tags=None):
         raise OSError("the store is down")
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     with caplog.at_level(logging.WARNING, logger="pipeline"), pytest.raises(RuntimeError, match="training failed"):
         with tracking.mlflow_run(uri, "ends", "run-b", {}, {}):
             monkeypatch.setattr(tracking.Run, "end", refuse)
@@ -159,6 +160,26 @@ def test_an_sqlite_stores_artifacts_go_beside_it_wherever_the_command_runs(tmp_p
     (elsewhere / "note.txt").write_text("hello")
     run.log_artifacts([elsewhere / "note.txt"])
     assert list((store / "mlruns").rglob("note.txt")) and not (elsewhere / "mlruns").exists()
+
+
+def test_the_suites_copied_store_is_the_store_mlflow_makes_where_it_is_opened(tmp_path, monkeypatch):
+    import sqlite3
+
+    def schema(uri):
+        """The migration, and every table's and index's definition as a set of lines (MLflow's own order varies)."""
+        with contextlib.closing(sqlite3.connect(uri.removeprefix("sqlite:///"))) as db:
+            return (db.execute("SELECT version_num FROM alembic_version").fetchall(),
+                    {name: sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+                     for name, sql in db.execute("SELECT name, sql FROM sqlite_master")})
+
+    monkeypatch.chdir(tmp_path)
+    made = f"sqlite:///{tmp_path / 'made' / 'mlflow.db'}"
+    target.check_reachable(made)
+    copied = sqlite_uri(tmp_path / "copied")
+    assert schema(copied) == schema(made)
+    for uri in (made, copied):  # experiment 0 is made by whoever opens the store, with its artifact root
+        default = MlflowClient(uri).get_experiment("0")
+        assert (default.name, default.artifact_location) == ("Default", str(tmp_path / "mlruns" / "0"))
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -257,7 +278,7 @@ def test_a_submitted_jobs_runs_name_the_submitter_and_the_commit_it_was_submitte
     monkeypatch.setenv(provenance.SUBMITTED_DIRTY, "true")
     provenance.current.cache_clear()
     try:
-        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        uri = sqlite_uri(tmp_path)
         tags = MlflowClient(uri).get_run(tracking.open_run(uri, "jobs", "run-a", {}, {}).id).data.tags
         assert tags["mlflow.user"] == "alice" and tags["mlflow.source.git.commit"] == "0123abc"
         assert tags[provenance.SUBMITTED_BY_TAG] == "alice@laptop" and tags[provenance.DIRTY_TAG] == "true"
@@ -278,7 +299,7 @@ def test_a_login_shows_in_no_warning_tag_or_config_that_ray_shows(tmp_path, capl
         reports.MetricLogger(tracking.Run(f"http://alice:s3cret@127.0.0.1:{free_port()}", "0" * 32)).log(
             Report({"step": 5, "loss": 1.0}))
     assert "cannot log metrics to http://alice:***@127.0.0.1" in caplog.text and "s3cret" not in caplog.text
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     with tracking.mlflow_run(uri, "tags", "run-a", {}, {"init_from": "https://tok_123@host/ckpt"}) as run:
         run.end_tags["note"] = "from http://alice:s3cret@host"
     tags = MlflowClient(uri).get_run(run.id).data.tags

@@ -8,13 +8,14 @@ from commands import nmt, run_until
 from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
+from stores import sqlite_uri
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MAX_STEPS = 200
 
 
 def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run(ray_session, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     command = nmt("train", "--config", "configs/demo.yaml", address=ray_session.get_runtime_context().gcs_address,
                   sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                         f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",

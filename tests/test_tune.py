@@ -5,6 +5,7 @@ import types
 import pytest
 from mlflow.tracking import MlflowClient
 from small import ROOT, small_config
+from stores import sqlite_uri
 
 from pipeline.cli import main
 from pipeline.common.errors import UserError
@@ -142,7 +143,7 @@ def test_a_trial_tune_stopped_without_error_is_stopped_early_whether_its_run_was
     from pipeline.track import tracking
     from pipeline.tune.summary import summarize
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     cfg = load_config("configs/demo.yaml", [f"tracking.tracking_uri={uri}", "tracking.experiment=stops"])
     results = []
     for trial, status, error in (("t1", "RUNNING", None), ("t2", "FAILED", None), ("t3", "FINISHED", None),

@@ -8,6 +8,7 @@ from commands import nmt, run_until
 from logs import driver_output
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
+from stores import sqlite_uri
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 MAX_STEPS = 160  # the interrupted trial's; the one that finishes first trains SHORT
@@ -20,7 +21,7 @@ FIRST_STOP = 80
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
     # A short trial first (grid order), then the long one that the stops interrupt.
     (tmp_path / "space.yaml").write_text(f"train.max_steps: {{grid: [{SHORT}, {MAX_STEPS}]}}\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
     command = nmt("tune", "--config", "configs/demo.yaml", "--space", str(tmp_path / "space.yaml"),
                   address=ray_session.get_runtime_context().gcs_address,
