@@ -135,6 +135,35 @@ def test_worker_output_is_tidied_and_library_notices_and_false_alarms_stay_out(m
     assert data_logger.filter(record("another warning"))
 
 
+
+@pytest.mark.parametrize("verbosity", [0, 1])
+def test_a_sigterm_exit_inside_a_finalizer_prints_no_traceback_in_a_worker_but_other_errors_do(verbosity):
+    """What Ray does to a finished trial's actor: its SIGTERM handler raises SystemExit in whatever runs."""
+    script = f"""
+import os, signal, sys
+from pipeline.common import log
+log.setup(log.LEVELS[{verbosity}])
+log.quiet_exit_in_finalizers()
+log.quiet_exit_in_finalizers()  # installed once
+signal.signal(signal.SIGTERM, lambda *args: sys.exit(1))
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal lands inside the finalizer
+        for _ in range(1000):
+            pass
+class Broken:
+    def __del__(self):
+        raise ValueError("a finalizer's own error")
+Finalized()
+Broken()
+print("went on")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout == "went on\n", done.stderr
+    assert "ValueError: a finalizer's own error" in done.stderr
+    assert ("SystemExit" in done.stderr) == (verbosity == 1), done.stderr  # `nmt -v` shows everything
+
 def test_translating_shows_a_bar_on_a_terminal_and_progress_lines_elsewhere(monkeypatch, caplog):
     import io
     import logging

@@ -63,6 +63,26 @@ def setup(level: int = logging.INFO, process_stderr: bool = False) -> None:
         root.addHandler(handler)
 
 
+def quiet_exit_in_finalizers() -> None:
+    """In a Ray worker: an exit Ray raises inside a finalizer prints no "Exception ignored in" traceback.
+
+    Ray turns the SIGTERM that ends a finished trial's actor into SystemExit in whatever code runs at
+    that moment; in a finalizer (a WeakSet callback, a __del__) Python cannot raise it and prints it
+    instead, under the worker's "(run_trial pid=...)" prefix. Other exceptions there still print, and
+    with `nmt -v` this one too.
+    """
+    if verbose() or getattr(sys.unraisablehook, "quiet_exit", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, SystemExit):
+            previous(unraisable)
+
+    hook.quiet_exit = True
+    sys.unraisablehook = hook
+
+
 # Read when each library starts (so set before importing Ray or MLflow); Ray workers of a local
 # instance inherit them. Set unless `nmt -v`.
 QUIET = {

@@ -216,6 +216,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     """Entry point on every worker: rebuild the config, train, validate, report, until done."""
     args = LoopArgs.from_dict(loop_config)
     log.setup(args.log_level, process_stderr=True)  # a worker process of its own
+    log.quiet_exit_in_finalizers()  # Ray ends its workers with a SIGTERM
     ctx = ctx or RayContext()
     replica = Replica(config_from_dict(args.config), args.data_path, ctx, args.init, args.attempt)
     replica.announce()

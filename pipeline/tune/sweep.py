@@ -84,6 +84,7 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     from ..data.manifest import load_manifest
 
     log.setup(setup.log_level)  # a Ray actor of its own: its trial's workers log at the driver's level
+    log.quiet_exit_in_finalizers()  # Tune ends the actor with a SIGTERM once the trial is done
     target = setup.target
     target.activate()  # a Ray actor of its own, with its node's environment: the driver's login goes with it
     trial_id = tune.get_context().get_trial_id()
