@@ -62,6 +62,11 @@ def job_id(result) -> str:
     return found.group(1) if found else ""
 
 
+
+def output(result) -> str:
+    """A submitted step's job logs (stdout), then what `nmt submit` itself said (stderr): why it failed."""
+    return result.stdout + result.stderr
+
 def run(rehearsal: Rehearsal) -> dict:
     """The whole flow; returns what happened at each step, for the test and for people."""
     r, out = rehearsal, {}
@@ -85,7 +90,7 @@ def run(rehearsal: Rehearsal) -> dict:
                           "node_sockets_seen_from_laptop": int(seen or -1)}
 
     prepared = r.submit("prepare", ["prepare", *common])
-    out["prepare"] = {"exit": prepared.returncode, "job": job_id(prepared), "tail": prepared.stdout[-1500:]}
+    out["prepare"] = {"exit": prepared.returncode, "job": job_id(prepared), "tail": output(prepared)[-1500:]}
 
     # 2. Training on the two worker nodes; w2 is lost once a checkpoint is registered, w3 joins.
     runs = f"s3://{BUCKET}/runs"
@@ -113,7 +118,7 @@ def run(rehearsal: Rehearsal) -> dict:
             "--set", "train.val_interval=15", "--set", f"train.storage_path={runs}",
             "--set", "tune.name=rehearsal-tune"]
     tuned = r.submit("tune", tune)
-    out["tune"] = {"exit": tuned.returncode, "job": job_id(tuned), "tail": tuned.stdout[-2000:]}
+    out["tune"] = {"exit": tuned.returncode, "job": job_id(tuned), "tail": output(tuned)[-2000:]}
 
     # 3. The champion: the candidates registered and decided by the promoting login on the laptop, then
     # version 1 (the training run's) promoted by hand, and scored on the prepared test split by a job.
@@ -126,7 +131,7 @@ def run(rehearsal: Rehearsal) -> dict:
                       "by_hand": by_hand.stdout[-300:], "tail": (decided.stderr + by_hand.stderr)[-1500:]}
     (r.root / "promote.out").write_text(decided.stdout + decided.stderr + by_hand.stdout + by_hand.stderr)
     scored = r.submit("evaluate", ["evaluate", "--split", "test", "--beam", "1", *common])
-    out["evaluate"] = {"exit": scored.returncode, "job": job_id(scored), "tail": scored.stdout[-800:]}
+    out["evaluate"] = {"exit": scored.returncode, "job": job_id(scored), "tail": output(scored)[-800:]}
 
     # 4. Serving: deploy/serve_config.yaml pointed at the champion, deployed through the dashboard.
     out["serve"] = serve(r)
