@@ -62,10 +62,10 @@ def job_id(result) -> str:
     return found.group(1) if found else ""
 
 
-
 def output(result) -> str:
     """A submitted step's job logs (stdout), then what `nmt submit` itself said (stderr): why it failed."""
     return result.stdout + result.stderr
+
 
 def run(rehearsal: Rehearsal) -> dict:
     """The whole flow; returns what happened at each step, for the test and for people."""

@@ -7,6 +7,7 @@ experiment 0 with its own artifact root, exactly as on a store that MLflow had j
 """
 
 import atexit
+import contextlib
 import shutil
 import sqlite3
 import tempfile
@@ -23,9 +24,8 @@ def _template() -> Path:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "mlflow.db"
     target.check_reachable(f"sqlite:///{path}")  # creates the store as a command would
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # closed, after the deletion is committed
         db.execute("DELETE FROM experiments WHERE experiment_id = 0")
-    db.close()
     return path
 
 
