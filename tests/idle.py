@@ -25,7 +25,10 @@ def lower_to_idle() -> None:
         except OSError:  # no autogroups (a kernel without them, or turned off): the idle class is enough
             pass
     for thread in os.listdir("/proc/self/task"):
-        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+        try:
+            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+        except ProcessLookupError:  # the thread ended since the listing (a library's, after ray.shutdown())
+            pass
 
 
 if __name__ == "__main__":
