@@ -41,8 +41,10 @@ def kind(argv: list[str], comm: str) -> str:
             return name.rsplit("/", 1)[-1]
     if "python" in os.path.basename(argv[0]):
         for i, arg in enumerate(argv[1:], 1):
-            if arg in ("-m", "-c"):
-                return f"python {arg} {argv[i + 1][:40] if arg == '-m' and i + 1 < len(argv) else ''}".strip()
+            if arg == "-c":
+                return "python -c"
+            if arg == "-m":
+                return " ".join(["python -m", *argv[i + 1:i + 2]])
             if not arg.startswith("-"):
                 return os.path.basename(arg)
     return os.path.basename(argv[0])
