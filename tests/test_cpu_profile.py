@@ -22,6 +22,17 @@ def test_a_busy_child_is_counted_under_its_kind_and_the_exit_status_passes_throu
     assert "python -c" in done.stderr and not list(tmp_path.glob("*.partial"))
 
 
+def test_a_child_in_the_idle_scheduling_class_is_counted_apart(tmp_path):
+    out = tmp_path / "profile.json"
+    idle = [sys.executable, str(ROOT / "tests" / "idle.py"), sys.executable, "-c", BUSY]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), "--interval", "0.1",
+                           "--json", str(out), "--", *idle], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    by_kind = json.loads(out.read_text())["by_kind"]
+    assert by_kind["python -c [idle]"] >= 0.8 and "python -c" not in by_kind, by_kind
+    assert "CPU-seconds in the idle scheduling class" in done.stderr
+
+
 def test_without_a_command_it_says_how_to_name_one():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py")], capture_output=True,
                           text=True, timeout=60)
