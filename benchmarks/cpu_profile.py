@@ -19,7 +19,6 @@ import sys
 import time
 
 TICK = os.sysconf("SC_CLK_TCK")
-SCHED_IDLE = 5
 # Where the command line names one of these, it names the kind (the first match wins).
 NAMED = ("gcs_server", "raylet", "dashboard/dashboard.py", "log_monitor", "autoscaler/_private/monitor", "postgres",
          "huey_consumer", "uvicorn", "mlflow", "chromium", "chromedriver", "moto")
@@ -64,7 +63,7 @@ def sample(seen: dict, totals: collections.Counter, bucket: collections.Counter,
         cpu = (int(fields[11]) + int(fields[12])) / TICK
         key = (pid, fields[19])  # the start time tells a reused pid apart
         name = kind([a for a in argv if a], stat[stat.index("(") + 1: stat.rindex(")")])
-        if int(fields[38]) == SCHED_IDLE:  # stat's field 41, the scheduling policy
+        if int(fields[38]) == os.SCHED_IDLE:  # stat's field 41, the scheduling policy
             name += " [idle]"
         before = seen.get(key, cpu if first else 0.0)
         seen[key] = cpu
