@@ -10,11 +10,16 @@ from conftest import ROOT
 BUSY = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
 
 
+def run_profiler(*args: str) -> subprocess.CompletedProcess:
+    """benchmarks/cpu_profile.py with these arguments, its output captured."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), *args], capture_output=True,
+                          text=True, timeout=60)
+
+
 def test_a_busy_child_is_counted_under_its_kind_and_the_exit_status_passes_through(tmp_path):
     out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), "--interval", "0.1",
-                           "--json", str(out), "--", sys.executable, "-c", BUSY + "\nraise SystemExit(3)"],
-                          capture_output=True, text=True, timeout=60)
+    done = run_profiler("--interval", "0.1", "--json", str(out), "--",
+                        sys.executable, "-c", BUSY + "\nraise SystemExit(3)")
     assert done.returncode == 3, done.stderr
     profile = json.loads(out.read_text())
     assert 0.8 <= profile["by_kind"]["python -c"] <= profile["busy_s"], profile["by_kind"]
@@ -24,9 +29,8 @@ def test_a_busy_child_is_counted_under_its_kind_and_the_exit_status_passes_throu
 
 def test_a_child_in_the_idle_scheduling_class_is_counted_apart(tmp_path):
     out = tmp_path / "profile.json"
-    idle = [sys.executable, str(ROOT / "tests" / "idle.py"), sys.executable, "-c", BUSY]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), "--interval", "0.1",
-                           "--json", str(out), "--", *idle], capture_output=True, text=True, timeout=60)
+    done = run_profiler("--interval", "0.1", "--json", str(out), "--",
+                        sys.executable, str(ROOT / "tests" / "idle.py"), sys.executable, "-c", BUSY)
     assert done.returncode == 0, done.stderr
     by_kind = json.loads(out.read_text())["by_kind"]
     assert by_kind["python -c [idle]"] >= 0.8 and "python -c" not in by_kind, by_kind
@@ -34,6 +38,5 @@ def test_a_child_in_the_idle_scheduling_class_is_counted_apart(tmp_path):
 
 
 def test_without_a_command_it_says_how_to_name_one():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py")], capture_output=True,
-                          text=True, timeout=60)
+    done = run_profiler()
     assert done.returncode == 2 and "name the command to run after --" in done.stderr
