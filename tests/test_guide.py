@@ -317,3 +317,51 @@ def test_guide_aws_mlflow_server_script_parses_and_its_role_allows_what_it_calls
     assert image and {f"REGISTRY{image[1]}"} == images, f"deploy/aws/mlflow-server.sh runs another image than {images}"
     assert "--app-name basic-auth" in script and "postgresql+psycopg://" in script
     assert not re.search(r"://[^/\s:@$]+:[^/\s@$]+@", script), "a URL with a literal password"
+
+
+def _script_docker_runs(script: str) -> list[list[str]]:
+    """Each `docker run` of a shell script, continuation lines joined, up to a here-document or pipe."""
+    variables = dict(re.findall(r"^([A-Z_]+)=(\S+)", script, re.M))
+    runs = []
+    for line in script.replace("\\\n", " ").splitlines():
+        if "docker run" not in line or line.lstrip().startswith("#"):
+            continue
+        words = shlex.split(line.split("<<", 1)[0].split(" | ", 1)[0], comments=True)
+        words = words[words.index("docker") + 2:]
+        runs.append([VARIABLE.sub(lambda m: variables.get(m[1] or m[2], "value"), word) for word in words])
+    return runs
+
+
+def _mlflow_command_error(argv: list[str]) -> str | None:
+    """Why `mlflow ...` would refuse these arguments (click's own parsing), or None."""
+    import click
+    from mlflow.cli import cli
+
+    try:
+        with cli.make_context("mlflow", list(argv[1:]), resilient_parsing=False) as context:
+            name, command, rest = cli.resolve_command(context, context.protected_args + context.args)
+            with command.make_context(name, rest, parent=context):
+                return None
+    except click.ClickException as err:
+        return err.format_message()
+
+
+def test_guide_aws_mlflow_server_containers_run_valid_commands_with_the_images_entrypoint():
+    from rehearsal.docker import command_of, parse_run
+
+    runs = [parse_run(argv) for argv in _script_docker_runs((AWS / "mlflow-server.sh").read_text())]
+    commands = [command_of(run) for run in runs]
+    assert len(commands) == 2, commands
+    database, server = commands
+    assert database == ["python", "-"], f"the database step runs {database}, not the image's Python"
+    assert server[:2] == ["mlflow", "server"], server
+    assert _mlflow_command_error(server) is None, f"`{shlex.join(server)}`: {_mlflow_command_error(server)}"
+
+
+def test_guide_docker_combination_catches_an_entrypoint_doubled():
+    from rehearsal.docker import command_of, parse_run
+
+    doubled = command_of(parse_run(["--rm", "REGISTRY/nmt-mlflow:3.17.2", "mlflow", "server", "--port", "5000"]))
+    assert doubled[:4] == ["mlflow", "server", "mlflow", "server"]
+    assert "unexpected extra arguments" in _mlflow_command_error(doubled)
+    assert command_of(parse_run(["--entrypoint", "python", "REGISTRY/nmt-mlflow:3.17.2", "-"])) == ["python", "-"]

@@ -51,14 +51,15 @@ db_password=$(secret db-password 24)
 admin_password=$(secret admin-password 24)
 flask_key=$(secret flask-secret-key 32)
 
-# The database user and its two databases, made with the RDS master login (idempotent).
+# The database user and its two databases, made with the RDS master login (idempotent). The image's
+# ENTRYPOINT is `mlflow server`: this one-off step runs its Python instead.
 read -r db_host master_user master_secret <<<"$(aws rds describe-db-instances --db-instance-identifier "$DB_INSTANCE" \
     --query 'DBInstances[0].[Endpoint.Address,MasterUsername,MasterUserSecret.SecretArn]' --output text)"
 master_password=$(aws secretsmanager get-secret-value --secret-id "$master_secret" --query SecretString --output text \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["password"])')
 PGHOST=$db_host PGUSER=$master_user PGPASSWORD=$master_password PGDATABASE=postgres PGSSLMODE=require \
-DB_PASSWORD=$db_password docker run --rm -i --network host \
-    -e PGHOST -e PGUSER -e PGPASSWORD -e PGDATABASE -e PGSSLMODE -e DB_PASSWORD "$IMAGE" python - <<'EOF'
+DB_PASSWORD=$db_password docker run --rm -i --network host --entrypoint python \
+    -e PGHOST -e PGUSER -e PGPASSWORD -e PGDATABASE -e PGSSLMODE -e DB_PASSWORD "$IMAGE" - <<'EOF'
 import os
 
 import psycopg
@@ -102,9 +103,10 @@ HOME=/tmp
 EOF
 chown -R 10001:10001 /etc/mlflow
 
+# The image's ENTRYPOINT is `mlflow server`: what follows the image is that command's options.
 # Artifacts reach the bucket with the instance's role (host network: the container reaches the
 # instance metadata service like the host does).
 docker run -d --name mlflow --restart unless-stopped --network host --user 10001:10001 \
     --env-file /etc/mlflow/env -v /etc/mlflow:/etc/mlflow:ro "$IMAGE" \
-    mlflow server --host 0.0.0.0 --port 5000 --workers 1 --app-name basic-auth \
+    --host 0.0.0.0 --port 5000 --workers 1 --app-name basic-auth \
     --artifacts-destination "s3://$BUCKET/mlflow-artifacts" --allowed-hosts "$HOSTS"
