@@ -37,6 +37,7 @@ class Limit:
 POSITIVE = Limit(lambda v: v > 0, "must be positive", "> 0")
 NON_NEGATIVE = Limit(lambda v: v >= 0, "must be >= 0", ">= 0")
 COUNT_OR_UNLIMITED = Limit(lambda v: v >= -1, "must be -1 (no limit) or a count >= 0", "-1 or >= 0")
+DEFAULT_EXPERIMENT = "transformer-nmt"  # the MLflow experiment without a server login
 BELOW_ONE = Limit(lambda v: v < 1, "is a fraction of the run and must be below 1", "< 1")
 PositiveInt, PositiveFloat = Annotated[int, POSITIVE], Annotated[float, POSITIVE]
 NonNegativeInt, NonNegativeFloat = Annotated[int, NON_NEGATIVE], Annotated[float, NON_NEGATIVE]
@@ -147,7 +148,8 @@ class TrainConfig:
     preemption_check_s: NonNegativeFloat = 5.0  # ask this often whether a node is preempted (then checkpoint); 0: never
     preemption_grace_s: NonNegativeFloat = 30.0  # restart this long after a preemption deadline, once the node is gone
     resize_interval_s: NonNegativeFloat = 60.0  # elastic: how often Ray Train checks whether more workers fit
-    resource_wait_s: NonNegativeFloat = 30.0  # how long to wait for the cluster to fit the workers
+    # A cluster that starts at zero GPU workers needs minutes to boot one and pull its image.
+    resource_wait_s: NonNegativeFloat = 1200.0  # on a cluster: how long the workers may wait for nodes
 
     @property
     def elastic(self) -> bool:
@@ -184,16 +186,29 @@ class TuneConfig:
     mode: Literal["max", "min"] = "max"  # whether a higher or a lower tune.metric is better
 
 
+def experiment_name(configured: str, username: str) -> str:
+    """The experiment runs go to: the one configured, else transformer-nmt, a person's own with a server login."""
+    if configured:
+        return configured
+    return f"{DEFAULT_EXPERIMENT}-{username}" if username else DEFAULT_EXPERIMENT
+
+
 @dataclass
 class TrackingConfig:
     """MLflow tracking and registry; an empty tracking_uri means MLFLOW_TRACKING_URI or sqlite:///mlflow.db."""
 
     tracking_uri: str = ""  # "": MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory
-    experiment: str = "transformer-nmt"  # MLflow experiment of every run
+    # Each person owns their experiment on a team server (others read it): one shared name would be its first
+    # user's, and everyone else's runs refused.
+    experiment: str = ""  # MLflow experiment; "": transformer-nmt, on a server with a login transformer-nmt-<login>
     # One name per corpus and language pair, so champions of different corpora never compete.
     registered_model: str = ""  # registry name; "": transformer-nmt-<corpus>-<src>-<tgt>, e.g. ...-wmt14-en-de
     register: bool = True  # register the best model; @champion moves only if val_bleu improves
     system_metrics_s: NonNegativeFloat = 10.0  # system metrics (CPU, memory, disk, network, GPU) every N s; 0: off
+
+    def experiment_for(self, username: str) -> str:
+        """The experiment runs go to (see experiment_name)."""
+        return experiment_name(self.experiment, username)
 
 
 @dataclass

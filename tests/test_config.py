@@ -127,3 +127,12 @@ def test_the_gpu_recipe_shares_the_multi30k_data_and_ends_its_budget_in_a_cooldo
     assert train.average_last >= 2 and train.val_interval > 0
     model = gpu.transformer_config(8000)
     assert (model.num_encoder_layers, model.num_heads, model.d_model, model.dropout) == (4, 4, 128, 0.3)
+
+
+def test_each_login_gets_an_experiment_of_its_own_unless_one_is_configured():
+    from pipeline.config import TrackingConfig
+
+    assert TrackingConfig().experiment_for("") == "transformer-nmt"  # a laptop's local store
+    assert TrackingConfig().experiment_for("alice") == "transformer-nmt-alice"  # she owns it; bob's is his
+    assert TrackingConfig().experiment_for("bob") != TrackingConfig().experiment_for("alice")
+    assert TrackingConfig(experiment="wmt14-team").experiment_for("alice") == "wmt14-team"

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from ..common import log
 from ..common.devices import resolve_device
 from ..common.errors import UserError
+from ..config import experiment_name
 from ..data.textfiles import read_lines
 from ..text.metrics import check_counts, score_with_signatures
 from ..track import registry, reports, tracking
@@ -167,6 +168,7 @@ def evaluate(tracking_uri: str, experiment: str, model_uri: str, beam_size: int 
                      "source_run_id": version.run_id or ""})
     run_name = f"evaluate-{label}-{version.name}-v{version.version}" if version else f"evaluate-{label}"
     decoding = {"beam_size": beam_size, "length_penalty": loaded.alpha}
+    experiment = experiment_name(experiment, target.username)
     with tracking.mlflow_run(uri, experiment, f"{run_name}-{int(time.time())}", decoding, tags,
                              source="nmt evaluate", user=target.username) as run:
         reports.log_metrics(run, {f"{label}_{k}": v for k, v in scores.items() if isinstance(v, float)})

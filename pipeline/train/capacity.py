@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import time
 
+from ..common import log
 from ..common.errors import UserError
 from ..config import TrainConfig
+
+logger = log.get("train")
+PROGRESS_EVERY_S = 60.0  # a line while the workers wait for nodes: an autoscaler's GPU node takes minutes
 
 
 def check_capacity(train: TrainConfig, wait_s: float) -> None:
     """Fail within wait_s, naming what is missing, when the cluster cannot place the workers.
 
     An autoscaling cluster (KubeRay, the cluster launcher) adds nodes only for work it is asked
-    for: while the workers do not fit, the autoscaler is asked for their bundles.
+    for: while the workers do not fit, the autoscaler is asked for their bundles. wait_s 0: decide now
+    (a local instance, which nothing joins).
     """
     import ray
     from ray.autoscaler.sdk import request_resources
@@ -39,7 +44,14 @@ def check_capacity(train: TrainConfig, wait_s: float) -> None:
                 )
             if not requested:  # a cluster without an autoscaler ignores the request
                 request_resources(bundles=[bundle] * train.num_workers)  # the most: an elastic run grows into it
-                requested = True
+                requested, said = True, time.monotonic()
+                logger.info(f"waiting for the cluster to fit {workers} training workers (asked its autoscaler for "
+                            f"nodes; at most {wait_s / 60:.0f} min, train.resource_wait_s)")
+            elif time.monotonic() - said >= PROGRESS_EVERY_S:
+                said = time.monotonic()
+                logger.info(f"still waiting for nodes: the cluster has {total_cpu:g} CPUs and {total_gpu:g} GPUs, the "
+                            f"workers need {need_cpu:g} and {need_gpu:g}; "
+                            f"{max(0.0, deadline - said) / 60:.0f} min left")
             time.sleep(1.0)
     finally:
         if requested:  # the request persists until replaced: from here the run's placement group holds the nodes

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import uuid
@@ -64,10 +65,13 @@ def prepare_run(cfg: Config, address: str | None = None, on_ray: Callable[[], No
     adopt_run_id: a run `mlflow run` made for this command, which becomes its run (RunSetup.adopt_run_id).
     """
     target = connect(cfg.tracking.tracking_uri)
+    cfg.tracking.experiment = cfg.tracking.experiment_for(target.username)  # what every later stage logs to
     ensure_ray(address)
     if on_ray is not None:
         on_ray()
-    check_capacity(cfg.train, cfg.train.resource_wait_s)
+    # A local instance nmt started has all the resources it will ever have: only a cluster is worth waiting for.
+    connected = bool(address or os.environ.get("RAY_ADDRESS"))
+    check_capacity(cfg.train, cfg.train.resource_wait_s if connected else 0.0)
     storage_path = storage.absolute(cfg.train.storage_path)
     if not cfg.train.init_from:
         return RunSetup(target, prepare(cfg.data, address=address), storage_path, adopt_run_id=adopt_run_id)
