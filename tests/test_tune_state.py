@@ -3,6 +3,7 @@
 import hashlib
 import json
 import pickle
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -119,5 +120,110 @@ def test_resume_state_default_names_differ_per_person(monkeypatch):
     provenance.current.cache_clear()
     try:
         assert "carol" in default_run_name(cfg) and "carol" in default_sweep_name(cfg, "space")
+    finally:
+        provenance.current.cache_clear()
+
+
+# ---- whose key seals a sweep on a cluster ----
+
+def _submitted(command: list[str], key: str, monkeypatch) -> list[str]:
+    """The job `nmt submit` plans for command on a machine with this key, its environment set up as the job's
+    (env_vars and the forwarded variables, nothing else of this machine); returns the job's nmt arguments."""
+    import shlex
+
+    from pipeline.launch.submit import plan
+
+    monkeypatch.setenv(state_seal.KEY_VARIABLE, key)
+    job = plan(command, "http://127.0.0.1:8265", pip=False)
+    monkeypatch.delenv(state_seal.KEY_VARIABLE)
+    for name, value in {**job.runtime_env["env_vars"], **job.secrets}.items():
+        monkeypatch.setenv(name, value)
+    provenance.current.cache_clear()
+    return shlex.split(job.entrypoint)[3:]  # after `python -m pipeline`
+
+
+def test_sweep_key_in_a_job_never_comes_from_the_shared_home(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "shared-home"))  # the home every job on a cluster shares
+    monkeypatch.delenv(state_seal.KEY_VARIABLE, raising=False)
+    state_seal.state_key()  # the first sweep ever made one there: every later sweep, anyone's, would use it
+    for marker in (provenance.SUBMITTED_BY, "RAY_JOB_CONFIG_JSON_ENV_VAR"):  # nmt submit's job, any Ray job's driver
+        monkeypatch.setenv(marker, "x")
+        with pytest.raises(UserError) as refused:
+            state_seal.state_key()
+        message = str(refused.value)
+        assert "nmt submit" in message and f"--forward-env {state_seal.KEY_VARIABLE}" in message, message
+        monkeypatch.delenv(marker)
+    # The command in a job without a key: one line, exit status 2, before anything starts.
+    monkeypatch.setenv(provenance.SUBMITTED_BY, "alice@laptop")
+    (tmp_path / "space.yaml").write_text("train.lr_scale: {choice: [1.0, 2.0]}\n")
+    code = main(["tune", "--config", str(ROOT / "configs" / "demo.yaml"), "--space", str(tmp_path / "space.yaml"),
+                 "--set", f"train.storage_path={tmp_path / 'runs'}",
+                 "--set", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no sweep key in this job" in err, err
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_sweep_key_is_the_submitters_sent_apart_from_the_command(tmp_path, monkeypatch, capsys):
+    """`nmt submit` of a sweep sends the key of the machine it runs on, automatically, and never shows it."""
+    from pipeline.launch import submit
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "laptop-config"))
+    monkeypatch.delenv(state_seal.KEY_VARIABLE, raising=False)
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    sweep = ["tune", "--config", "configs/demo.yaml", "--space", "tune_spaces/demo.yaml"]
+    state_seal.state_key()  # made here on first use, 0600
+    mine = state_seal.key_file().read_text().strip()
+    for command in (sweep, [*sweep, "--resume"], ["demo", "--quick"]):
+        job = submit.plan(command, "http://127.0.0.1:8265", pip=False)
+        assert job.secrets[state_seal.KEY_VARIABLE] == mine, command
+        shown = job.entrypoint + json.dumps(job.runtime_env) + repr(job)
+        assert mine not in shown and state_seal.KEY_VARIABLE not in shown
+    assert state_seal.KEY_VARIABLE not in submit.plan(["train"], "http://127.0.0.1:8265", pip=False).secrets
+    monkeypatch.setenv(state_seal.KEY_VARIABLE, "k" * 40)  # a key of one's own in the variable wins
+    assert submit.plan(sweep, "http://127.0.0.1:8265", pip=False).secrets[state_seal.KEY_VARIABLE] == "k" * 40
+    monkeypatch.delenv(state_seal.KEY_VARIABLE)
+
+    sent = {}
+
+    class Jobs:
+        def submit_job(self, **request):
+            package = Path(request["runtime_env"]["py_modules"][0])  # uploaded by Ray from here
+            sent.update(request, variables=json.loads((package / "variables.json").read_text()))
+            return "raysubmit_1"
+
+    monkeypatch.setattr(submit, "check_listening", lambda address: None)
+    monkeypatch.setattr(submit, "cluster_is_remote", lambda address: False)
+    monkeypatch.setattr(submit, "client", lambda address: Jobs())
+    assert submit.submit(sweep, "http://127.0.0.1:8265", pip=False) == 0
+    out, err = capsys.readouterr()
+    assert sent["variables"][state_seal.KEY_VARIABLE] == mine
+    assert mine not in json.dumps({k: v for k, v in sent.items() if k != "variables"}) + out + err
+    assert "sealed with your key" in err and "--resume must come from you, with the same key" in err, err
+
+
+def test_sweep_key_of_another_person_cannot_resume_the_sweep(tmp_path, monkeypatch, capsys):
+    """Alice's sweep, sealed in her job with her key, refuses Bob's resume (his job has his key) before unpickling."""
+    monkeypatch.chdir(ROOT)
+    alice, bob = "a" * 64, "b" * 64
+    command = ["tune", "--config", "configs/demo.yaml", "--space", "tune_spaces/demo.yaml",
+               "--set", f"train.storage_path={tmp_path / 'runs'}", "--set", "tune.name=shared-name",
+               "--set", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    try:
+        _submitted(command, alice, monkeypatch)  # Alice's sweep: its job seals what Tune writes
+        fs, directory = state_seal.sealed_filesystem(str(tmp_path / "runs" / "shared-name"), resume=False)
+        fs.create_dir(directory)
+        with fs.open_output_stream(f"{directory}/tuner.pkl") as out:
+            out.write(pickle.dumps({"alice's": "sweep"}))
+        _submitted([*command, "--resume"], alice, monkeypatch)
+        state_seal.sealed_filesystem(str(tmp_path / "runs" / "shared-name"), resume=True)  # hers: resumes
+        bobs_job = _submitted([*command, "--resume"], bob, monkeypatch)
+        with pytest.raises(UserError, match="not signed with your key.*key of the person who started it"):
+            state_seal.sealed_filesystem(str(tmp_path / "runs" / "shared-name"), resume=True)
+        assert main(bobs_job) == 2  # the command in Bob's job: one line, nothing started
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "not signed with your key" in err, err
+        assert not (tmp_path / "mlflow.db").exists()
     finally:
         provenance.current.cache_clear()

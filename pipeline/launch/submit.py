@@ -25,6 +25,7 @@ from ..common import log, storage
 from ..common.errors import UserError
 from ..track import provenance
 from ..track.target import configured_uri, resolve
+from ..tune import state_seal
 from . import job_env
 from .dashboard import LOCAL_HOSTS, check_listening, client, cluster_address, cluster_errors, cluster_is_remote
 
@@ -47,6 +48,7 @@ PATH_KEYS = {"prepare": ("data.path", "data.output_dir"),
              "train": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
              "tune": ("data.path", "data.output_dir", "train.storage_path", "tracking.tracking_uri"),
              "demo": ("data.output_dir", "train.storage_path", "tracking.tracking_uri")}
+SWEEPS = {"tune", "demo"}  # commands that seal a sweep's state with the submitter's key (tune/state_seal.py)
 
 
 @dataclass
@@ -99,7 +101,9 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
 
     Credentials never enter the entrypoint or the runtime_env's env_vars (Ray shows both): the submitter's
     MLflow login (a tracking URI's user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN here) is
-    forwarded like --forward-env names. Who submits from which commit goes in the env_vars (no secret).
+    forwarded like --forward-env names. So is a sweep's key (NMT_STATE_KEY here, else the key file here): the
+    job seals the sweep's state with it, and only the same key resumes it. Who submits from which commit goes
+    in the env_vars (no secret).
     """
     from ..parser import build_parser
 
@@ -134,6 +138,8 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
                             f"are not here), but {problems[0]}")
         if remote:
             warnings += problems
+    if args[0] in SWEEPS:  # the submitter's key, read here: the cluster's home is every job's
+        secrets.setdefault(state_seal.KEY_VARIABLE, state_seal.key_text())
     runtime_env: dict[str, Any] = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": env}
     if pip:
         runtime_env["pip"] = {"packages": requirements(), "pip_check": False}
@@ -197,6 +203,9 @@ def submit(command: list[str], address: str | None = None, follow: bool = False,
             runtime_env["py_modules"] = [str(job_env.write_package(job.secrets, Path(tmp)))]
             runtime_env["worker_process_setup_hook"] = job_env.SETUP_HOOK  # sets them in every worker of the job
             logger.info(f"forwarding {', '.join(sorted(job.secrets))} to the job (values not shown)")
+        if state_seal.KEY_VARIABLE in job.secrets:
+            logger.info(f"the sweep is sealed with your key ({state_seal.key_source()} here): a --resume must come "
+                        f"from you, with the same key (nmt submit sends it again)")
         jobs = client(address)
         job_id = jobs.submit_job(entrypoint=job.entrypoint, runtime_env=runtime_env,
                                  metadata={"nmt_command": job.entrypoint[:500]})

@@ -9,9 +9,10 @@ against the seal, so a planted file, or one swapped after the first check, is re
 unpickles it.
 
 The key: NMT_STATE_KEY when set, else ~/.config/nmt/state.key, made on first use and readable by its
-owner only. A job on a shared cluster runs as the image's user, whose home every job shares: pass
-your key with it (`export NMT_STATE_KEY="$(cat ~/.config/nmt/state.key)"`, then
-`nmt submit --forward-env NMT_STATE_KEY -- tune ...`), and the same for `--resume`.
+owner only. A job on a shared cluster runs as the image's user, whose home every job shares: a key
+file there would be one key for everyone, so in a job the key comes only from NMT_STATE_KEY, which
+`nmt submit` sets from the submitter's own key (read on the submitter's machine, sent apart from
+the command), for a sweep and for its `--resume` alike.
 """
 
 from __future__ import annotations
@@ -31,11 +32,18 @@ import pyarrow.fs as pafs
 
 from ..common import storage
 from ..common.errors import UserError
+from ..track.provenance import SUBMITTED_BY
 
 KEY_VARIABLE = "NMT_STATE_KEY"
 SEAL_NAME = ".nmt-state-seal"  # no .json or .pkl suffix: Tune neither downloads it to staging nor uploads it back
 KEPT = 3  # digests kept per file: the file on storage may still be the previous write when a driver is killed
 MIN_KEY_CHARS = 32
+# Set in a job's processes: by `nmt submit` (who submitted it), and by Ray's Jobs API in any job's driver
+# (`ray job submit`, a KubeRay RayJob), whoever submitted it.
+JOB_MARKERS = (SUBMITTED_BY, "RAY_JOB_CONFIG_JSON_ENV_VAR")
+NO_KEY_IN_JOB = (f"no sweep key in this job: {KEY_VARIABLE} is not set, and a job never uses the key file of the "
+                 f"home every job on the cluster shares; submit the sweep with `nmt submit` from your machine (it "
+                 f"sends your key), or export {KEY_VARIABLE} there and add --forward-env {KEY_VARIABLE}")
 
 
 def key_file() -> Path:
@@ -43,14 +51,39 @@ def key_file() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "nmt" / "state.key"
 
 
-def state_key() -> bytes:
-    """This person's key: NMT_STATE_KEY, else the key file, made (0600) when there is none."""
+def in_job() -> bool:
+    """Whether this process belongs to a job on a cluster, where the home directory is everyone's."""
+    return any(os.environ.get(name) for name in JOB_MARKERS)
+
+
+def key_source() -> str:
+    """Where this person's key comes from here, for messages."""
+    return KEY_VARIABLE if os.environ.get(KEY_VARIABLE) else str(key_file())
+
+
+def key_text() -> str:
+    """This person's key as text: NMT_STATE_KEY, else the key file (made, 0600, when there is none).
+
+    In a job only NMT_STATE_KEY counts: the key file there is in the home every job shares.
+    """
     value = os.environ.get(KEY_VARIABLE, "")
-    if value:
-        if len(value) < MIN_KEY_CHARS:
-            raise UserError(f"{KEY_VARIABLE} has {len(value)} characters; use at least {MIN_KEY_CHARS}, e.g. "
-                            f"the content of {key_file()} or `openssl rand -hex 32`")
-        return hashlib.sha256(value.encode()).digest()
+    if not value and in_job():
+        raise UserError(NO_KEY_IN_JOB)
+    if not value:
+        value = _key_file_text()
+    if len(value) < MIN_KEY_CHARS:
+        raise UserError(f"{key_source()} holds a key of {len(value)} characters; use at least {MIN_KEY_CHARS}, "
+                        f"e.g. the content of {key_file()} or `openssl rand -hex 32`")
+    return value
+
+
+def state_key() -> bytes:
+    """This person's key for sealing: NMT_STATE_KEY, else the key file here (never in a job: see key_text)."""
+    return hashlib.sha256(key_text().encode()).digest()
+
+
+def _key_file_text() -> str:
+    """The key file's content, the file made (0600) when there is none; refused unless it is private."""
     path = key_file()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -69,7 +102,7 @@ def state_key() -> bytes:
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise UserError(f"{path} must belong to you and be readable by you alone (chmod 600 {path}): "
                         f"it signs the sweeps you write")
-    return hashlib.sha256(path.read_text().strip().encode()).digest()
+    return path.read_text().strip()
 
 
 def _mac(key: bytes, files: dict[str, list[str]]) -> str:
@@ -221,7 +254,8 @@ def _read_seal(inner: pafs.FileSystem, directory: str, key: bytes) -> dict[str, 
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{where} is damaged: refusing to resume; {how}") from None
     if not isinstance(files, dict) or not hmac.compare_digest(str(mac), _mac(key, files)):
-        raise UserError(f"{where} was not signed with your key ({KEY_VARIABLE} or {key_file()}): refusing to "
+        raise UserError(f"{where} was not signed with your key ({key_source()}): a sweep resumes only with the "
+                        f"key of the person who started it (submitted by them, with the same key); refusing to "
                         f"resume state someone else may have written; {how}")
     return files
 
