@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import ROOT, free_port, stop_process, wait_http
+from conftest import ROOT, environment, free_port, stop_process, wait_http
 from deploy_files import KUBERAY, container_env, defined_objects, header, mlflow_args, mlflow_container
 
 pytestmark = pytest.mark.light  # its slow test waits on a server: it runs beside the background lane
@@ -88,19 +88,18 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
         "selector"]["matchLabels"]}}]]
 
 
-@pytest.mark.slow
-def test_mlflow_server_runs_as_the_manifest_and_its_header_say(postgres, tmp_path, monkeypatch):
-    """The manifest's command, ini file and env (Secrets filled in) start a server on PostgreSQL; the header's
-    deploy/mlflow_users.py steps make the team's logins.
+@pytest.fixture(scope="module")
+def manifest_server(postgres, tmp_path_factory):
+    """The manifest's command, ini file and env (Secrets filled in) run on PostgreSQL; the header's
+    deploy/mlflow_users.py steps made the team's logins.
 
     Only what exists in the cluster alone changes: the database's host and user become the test's
-    PostgreSQL, the bucket a directory, the port a free one. A person logs in, writes a run with an
-    artifact through the server's proxy; the server answers the Service's host name and refuses others.
+    PostgreSQL, the bucket a directory, the port a free one.
     """
     import secrets
+    import types
 
-    from mlflow.tracking import MlflowClient
-
+    tmp_path = tmp_path_factory.mktemp("manifest-mlflow")
     defined = defined_objects()
     deployment = defined[("Deployment", "mlflow", "mlflow")]
     container = mlflow_container(deployment)
@@ -140,22 +139,85 @@ def test_mlflow_server_runs_as_the_manifest_and_its_header_say(postgres, tmp_pat
                                env={**_clean_env(), "MLFLOW_TRACKING_USERNAME": "admin",
                                     "MLFLOW_TRACKING_PASSWORD": admin_password})
         assert {"alice", "serving", "promoter"} <= set(passwords)
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", passwords["alice"])
-        client = MlflowClient(uri)
-        run = client.create_run(client.create_experiment("deploy-check"))
-        (tmp_path / "note.txt").write_text("through the proxy")
-        client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
-        assert [p.name for p in artifacts.rglob("note.txt")], "the artifact did not reach the artifact store"
-        search = f"{uri}/api/2.0/mlflow/experiments/search?max_results=1"
-        assert _status(search, "alice", "wrong-password") == 401
-        assert _status(search, "alice", passwords["alice"], host="mlflow.mlflow.svc.cluster.local:5000") == 200
-        assert _status(search, "alice", passwords["alice"], host="attacker.example:5000") == 403
-        with postgres.connect("mlflow") as conn:  # the run is in PostgreSQL
-            assert conn.execute("SELECT count(*) FROM runs WHERE run_uuid = %s", (run.info.run_id,)).fetchone()[0]
+        yield types.SimpleNamespace(uri=uri, passwords=passwords, artifacts=artifacts, tmp_path=tmp_path,
+                                    postgres=postgres)
     finally:
         stop_process(process)
         log.close()
+
+
+def _login(server, name: str) -> dict[str, str]:
+    """The variables MLflow's client logs in with, as one of the header's logins."""
+    return {"MLFLOW_TRACKING_USERNAME": name, "MLFLOW_TRACKING_PASSWORD": server.passwords[name],
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+
+
+@pytest.mark.slow
+def test_mlflow_server_runs_as_the_manifest_and_its_header_say(manifest_server):
+    """A person logs in, writes a run with an artifact through the server's proxy; the server answers the
+    Service's host name and refuses others."""
+    from mlflow.tracking import MlflowClient
+
+    server, tmp_path = manifest_server, manifest_server.tmp_path
+    with environment(**_login(server, "alice")):
+        client = MlflowClient(server.uri)
+        run = client.create_run(client.create_experiment("deploy-check"))
+        (tmp_path / "note.txt").write_text("through the proxy")
+        client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
+    assert [p.name for p in server.artifacts.rglob("note.txt")], "the artifact did not reach the artifact store"
+    search = f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1"
+    password = server.passwords["alice"]
+    assert _status(search, "alice", "wrong-password") == 401
+    assert _status(search, "alice", password, host="mlflow.mlflow.svc.cluster.local:5000") == 200
+    assert _status(search, "alice", password, host="attacker.example:5000") == 403
+    with server.postgres.connect("mlflow") as conn:  # the run is in PostgreSQL
+        assert conn.execute("SELECT count(*) FROM runs WHERE run_uuid = %s", (run.info.run_id,)).fetchone()[0]
+
+
+@pytest.mark.slow
+def test_the_serving_login_creates_nothing_but_reads_a_model_version_and_its_files(manifest_server):
+    """`mlflow_users.py serving` on the manifest's server: no experiment, run, registered model or logged
+    model of its own, and still the champion's version and its files, as the RayService loads them."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.text.tokenizer import JOINT_FILE
+    from pipeline.text.translator import CONFIG_FILE, WEIGHTS_FILE
+    from pipeline.track import registry
+
+    server = manifest_server
+    model = next(line.split("--model ")[1].split()[0] for line in header(KUBERAY / "mlflow.yaml").splitlines()
+                 if line.startswith("python deploy/mlflow_users.py") and " promoter " in line)
+    files = server.tmp_path / "packaged"
+    (files / registry.TRANSLATOR_FILES).mkdir(parents=True)
+    for name in (WEIGHTS_FILE, CONFIG_FILE, JOINT_FILE):
+        (files / registry.TRANSLATOR_FILES / name).write_text(name)
+    with environment(**_login(server, "alice")):  # a person's run and its packaged model
+        client = MlflowClient(server.uri)
+        experiment = client.create_experiment("alice-serving-check")
+        run = client.create_run(experiment)
+        logged = client.create_logged_model(experiment, name="model", source_run_id=run.info.run_id)
+        client.log_model_artifacts(logged.model_id, str(files))
+    with environment(**_login(server, "promoter")):  # the promoting login registers and crowns it
+        client = MlflowClient(server.uri, registry_uri=server.uri)
+        version = client.create_model_version(model, f"models:/{logged.model_id}", run_id=run.info.run_id,
+                                              model_id=logged.model_id)
+        client.set_registered_model_alias(model, "champion", version.version)
+    with environment(**_login(server, "serving")):
+        client = MlflowClient(server.uri, registry_uri=server.uri)
+        for what, attempt in (("an experiment", lambda: client.create_experiment("serving-own")),
+                              ("a run in the Default experiment", lambda: client.create_run("0")),
+                              ("a run in a person's experiment", lambda: client.create_run(experiment)),
+                              ("a registered model", lambda: client.create_registered_model("serving-model")),
+                              ("a logged model", lambda: client.create_logged_model(experiment)),
+                              ("a version of the team's model", lambda: client.create_model_version(
+                                  model, f"models:/{logged.model_id}", model_id=logged.model_id))):
+            with pytest.raises(MlflowException) as refused:
+                attempt()
+            assert refused.value.get_http_status_code() == 403, f"serving created {what}"
+        assert client.get_model_version_by_alias(model, "champion").version == version.version
+        with registry.translator_files(server.uri, f"models:/{model}@champion") as local:
+            assert (local / WEIGHTS_FILE).read_text() == WEIGHTS_FILE
 
 
 def _clean_env() -> dict[str, str]:
