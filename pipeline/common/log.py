@@ -10,6 +10,7 @@ import logging
 import sys
 
 from .environment import default_for_process
+from .userinfo import redact
 
 ROOT = "pipeline"
 LEVELS = {-1: logging.WARNING, 0: logging.INFO, 1: logging.DEBUG}  # -q, default, -v
@@ -21,7 +22,10 @@ def get(stage: str) -> logging.Logger:
 
 
 class _Formatter(logging.Formatter):
-    """"[stage] message", with "warning: " or "error: " before the message at those levels."""
+    """"[stage] message", with "warning: " or "error: " before the message at those levels.
+
+    Every URI's credentials hidden: a path or store may carry them, and a job's lines reach its logs on the cluster.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         stage = record.name.removeprefix(f"{ROOT}.") if record.name != ROOT else "nmt"
@@ -29,7 +33,7 @@ class _Formatter(logging.Formatter):
         text = f"[{stage}] {level}{record.getMessage()}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        return text
+        return redact(text)
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -23,7 +23,9 @@ import yaml
 
 from ..common import log, storage
 from ..common.errors import UserError
+from ..common.userinfo import SCHEME, redact, secret_in, strings
 from ..track import provenance
+from ..track.login import credential_home
 from ..track.target import configured_uri, resolve
 from ..tune import state_seal
 from . import job_env
@@ -128,6 +130,8 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
         uri = target.uri
         login = {name: value for name, value in target.login.variables().items() if value} if target.login else {}
         secrets = {**login, **secrets}  # variables named explicitly win over the login found here
+        values = {key: value for key, value in strings(cfg.to_dict()) if key != "tracking.tracking_uri"}
+        _refuse_credentials({"tracking.tracking_uri": uri, **values})  # an http(s) login is split off above
         runs, output = storage.absolute(cfg.train.storage_path), storage.absolute(cfg.data.output_dir)
         env["MLFLOW_TRACKING_URI"] = uri
         args = [*_without_set(args, "tracking.tracking_uri"), *_set("tracking.tracking_uri", uri),
@@ -143,12 +147,25 @@ def plan(command: list[str], address: str, pip: bool = True, forward_env: list[s
     runtime_env: dict[str, Any] = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": env}
     if pip:
         runtime_env["pip"] = {"packages": requirements(), "pip_check": False}
+    _refuse_credentials({f"argument {i + 1}": arg for i, arg in enumerate(args)})
     entrypoint = "python -m pipeline " + shlex.join(args)
     for name, value in secrets.items():
         if value and value in entrypoint:
             raise UserError(f"the job's command line holds the value of {name}, and Ray shows a job's command to "
                             f"anyone who lists jobs: take it out of the arguments (the job gets it via --forward-env)")
     return Job(entrypoint, runtime_env, warnings, secrets)
+
+
+def _refuse_credentials(values: dict[str, str]) -> None:
+    """A UserError for the first value holding a URI with credentials: Ray shows a job's command and environment
+    to anyone who lists jobs, and the pipeline would log and tag the path."""
+    for where, value in values.items():
+        for found in SCHEME.finditer(value):
+            if secret_in(value[found.start():]):
+                home, names = credential_home(value[found.start():])
+                send = f", sent to the job with --forward-env {','.join(names)}" if names else " on every node"
+                raise UserError(f"{where} ({redact(value)}) holds credentials in a URI, which anyone who lists the "
+                                f"cluster's jobs would see: take them out of the URI and put them in {home}{send}")
 
 
 def _local_paths(cfg, uri: str, runs: str, output: str, keys: tuple[str, ...]) -> list[str]:

@@ -17,6 +17,7 @@ import yaml
 
 from ..common import checkpoint, log
 from ..common.errors import UserError
+from ..common.userinfo import without_secret
 from ..config import Config
 from ..data.manifest import Manifest
 from . import tracking
@@ -92,7 +93,7 @@ def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manif
     log_run_report(run, translator, manifest, title=cfg.tracking.experiment)
     if not register:
         return None
-    tags = {"data_manifest": manifest.sha256, "git_commit": git_commit(), "data_path": manifest.path,
+    tags = {"data_manifest": manifest.sha256, "git_commit": git_commit(), "data_path": without_secret(manifest.path),
             "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
     return registry.register(run, translator, name, float(metrics["val_bleu"]), tags,
                              example=validation_sample(manifest, 1)[0][0])

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..common import log
 from ..common.errors import UserError
+from ..common.userinfo import without_secret
 from .login import redact, redact_uri
 from .provenance import standard_tags
 from .target import mlflow_client
@@ -60,7 +61,8 @@ class Run:
 
         inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36],
                                        source_type="s3" if d["source"].startswith("s3://") else "local",
-                                       source=json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])),
+                                       source=json.dumps({"uri": without_secret(d["source"])}),
+                                       profile=json.dumps(d["profile"])),
                                tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
         retrying(lambda: _log_inputs(self.client(), self.id, inputs), "logging the run's datasets", END_WAIT_S)
 
