@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import ROOT, environment, free_port, stop_process, wait_http
+from conftest import ROOT, PostgresCluster, environment, free_port, stop_process, wait_http
 from deploy_files import KUBERAY, container_env, defined_objects, header, mlflow_args, mlflow_container
 
 pytestmark = pytest.mark.light  # its slow test waits on a server: it runs beside the background lane
@@ -60,11 +60,9 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
     postgres = database["spec"]["template"]["spec"]["containers"][0]
     postgres_env = container_env(postgres)
     assert postgres_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == env["PGPASSWORD"]["valueFrom"][
-        "secretKeyRef"] and postgres_env["POSTGRES_USER"]["value"] == "mlflow"
+        "secretKeyRef"]
     claims = {c["metadata"]["name"] for c in database["spec"]["volumeClaimTemplates"]}
     assert {m["name"] for m in postgres["volumeMounts"] if m["mountPath"] == "/var/lib/postgresql/data"} <= claims
-    init = defined[("ConfigMap", "mlflow", "mlflow-postgres-init")]["data"]
-    assert any("CREATE DATABASE mlflow_auth" in sql for sql in init.values())
     # Every worker of every replica holds at most pool + overflow connections to each of the two databases.
     workers, replicas = int(args["workers"]), deployment["spec"]["replicas"]
     per_engine = int(env["MLFLOW_SQLALCHEMYSTORE_POOL_SIZE"]["value"]) + int(
@@ -88,13 +86,35 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
         "selector"]["matchLabels"]}}]]
 
 
-@pytest.fixture(scope="module")
-def manifest_server(postgres, tmp_path_factory):
-    """The manifest's command, ini file and env (Secrets filled in) run on PostgreSQL; the header's
-    deploy/mlflow_users.py steps made the team's logins.
+def _postgres_as_the_manifest_makes_it(database: dict, password: str):
+    """A throwaway PostgreSQL whose superuser is the StatefulSet's, set up by the manifest's init scripts with
+    the mlflow-postgres Secret's password, as the image's entrypoint runs them on a new volume."""
+    import os
 
-    Only what exists in the cluster alone changes: the database's host and user become the test's
-    PostgreSQL, the bucket a directory, the port a free one.
+    env = container_env(database["spec"]["template"]["spec"]["containers"][0])
+    try:
+        cluster = PostgresCluster(durable=False, user=env["POSTGRES_USER"]["value"])
+        cluster.start()
+    except RuntimeError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+    scripts = defined_objects()[("ConfigMap", "mlflow", "mlflow-postgres-init")]["data"]
+    for name in sorted(scripts):  # the entrypoint's order; the pod reaches the server on its socket, here TCP
+        result = subprocess.run(["sh", "-c", scripts[name]], capture_output=True, text=True, timeout=120, env={
+            "PATH": f"{cluster.bindir}:/usr/bin:/bin", "POSTGRES_USER": cluster.user, "POSTGRES_PASSWORD": password,
+            "PGHOST": "127.0.0.1", "PGPORT": str(cluster.port), "PGPASSWORD": cluster.password})
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def manifest_server(tmp_path_factory):
+    """The manifest's command, ini file and env (Secrets filled in) run on the manifest's PostgreSQL; the
+    header's deploy/mlflow_users.py steps made the team's logins.
+
+    Only what exists in the cluster alone changes: the database's host becomes a throwaway PostgreSQL's,
+    the bucket a directory, the port a free one.
     """
     import secrets
     import types
@@ -103,9 +123,10 @@ def manifest_server(postgres, tmp_path_factory):
     defined = defined_objects()
     deployment = defined[("Deployment", "mlflow", "mlflow")]
     container = mlflow_container(deployment)
-    local_db = f"{postgres.user}@127.0.0.1:{postgres.port}"
-    for name in ("mlflow", "mlflow_auth"):  # what the StatefulSet's first start makes
-        postgres.database(name)
+    database_password = secrets.token_hex(16)
+    postgres = _postgres_as_the_manifest_makes_it(defined[("StatefulSet", "mlflow", "mlflow-postgres")],
+                                                  database_password)
+    local_db = f"mlflow@127.0.0.1:{postgres.port}"
     artifacts, port = tmp_path / "artifacts", free_port()
     ini = tmp_path / "basic_auth.ini"
     ini.write_text(defined[("ConfigMap", "mlflow", "mlflow-auth-config")]["data"]["basic_auth.ini"]
@@ -115,7 +136,7 @@ def manifest_server(postgres, tmp_path_factory):
             for a in container["args"]]
     admin_password = secrets.token_hex(16)
     filled = {("mlflow-auth", "admin-password"): admin_password, ("mlflow-auth", "flask-secret-key"):
-              secrets.token_hex(16), ("mlflow-postgres", "password"): postgres.password}
+              secrets.token_hex(16), ("mlflow-postgres", "password"): database_password}
     env = {e["name"]: e["value"] if "value" in e else filled[(e["valueFrom"]["secretKeyRef"]["name"],
                                                               e["valueFrom"]["secretKeyRef"]["key"])]
            for e in container["env"]}
@@ -140,10 +161,11 @@ def manifest_server(postgres, tmp_path_factory):
                                     "MLFLOW_TRACKING_PASSWORD": admin_password})
         assert {"alice", "serving", "promoter"} <= set(passwords)
         yield types.SimpleNamespace(uri=uri, passwords=passwords, artifacts=artifacts, tmp_path=tmp_path,
-                                    postgres=postgres)
+                                    postgres=postgres, database_password=database_password)
     finally:
         stop_process(process)
         log.close()
+        postgres.stop()
 
 
 def _login(server, name: str) -> dict[str, str]:
@@ -170,8 +192,56 @@ def test_mlflow_server_runs_as_the_manifest_and_its_header_say(manifest_server):
     assert _status(search, "alice", "wrong-password") == 401
     assert _status(search, "alice", password, host="mlflow.mlflow.svc.cluster.local:5000") == 200
     assert _status(search, "alice", password, host="attacker.example:5000") == 403
-    with server.postgres.connect("mlflow") as conn:  # the run is in PostgreSQL
+    with _connect(server, "mlflow") as conn:  # the run is in PostgreSQL
         assert conn.execute("SELECT count(*) FROM runs WHERE run_uuid = %s", (run.info.run_id,)).fetchone()[0]
+
+
+def _connect(server, database: str, user: str = "mlflow", password: str | None = None):
+    """A connection to the manifest's PostgreSQL, by default as the server's own role."""
+    import psycopg
+
+    return psycopg.connect(host="127.0.0.1", port=server.postgres.port, dbname=database, user=user,
+                           password=server.database_password if password is None else password, autocommit=True)
+
+
+def test_the_tracking_database_role_is_not_the_images_superuser():
+    """The server's database user is a role of its own that mlflow-role.sh makes, not the image's superuser."""
+    defined = defined_objects()
+    database = defined[("StatefulSet", "mlflow", "mlflow-postgres")]
+    superuser = container_env(database["spec"]["template"]["spec"]["containers"][0])["POSTGRES_USER"]["value"]
+    container = mlflow_container(defined[("Deployment", "mlflow", "mlflow")])
+    users = {urllib.parse.urlsplit(uri).username for uri in (mlflow_args(defined[("Deployment", "mlflow", "mlflow")])[
+        "backend_store_uri"], _auth_ini(defined, container)["mlflow"]["database_uri"])}
+    assert users == {"mlflow"} and superuser != "mlflow", (users, superuser)
+    init = defined[("ConfigMap", "mlflow", "mlflow-postgres-init")]
+    volume = next(v for v in database["spec"]["template"]["spec"]["volumes"] if v.get("configMap", {}).get(
+        "name") == init["metadata"]["name"])
+    assert volume["configMap"]["defaultMode"] & 0o111, "the entrypoint sources a script it cannot execute"
+
+
+@pytest.mark.slow
+def test_the_tracking_database_role_owns_only_its_databases_and_is_no_superuser(manifest_server):
+    """The init script run as the image runs it: `mlflow` owns mlflow and mlflow_auth and may do nothing else a
+    superuser may; the superuser keeps no password, so no client outside the pod logs in as it."""
+    import psycopg
+
+    server = manifest_server
+    with _connect(server, "mlflow") as conn:
+        role = conn.execute("SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls FROM pg_roles "
+                            "WHERE rolname = 'mlflow'").fetchone()
+        owned = {row[0] for row in conn.execute("SELECT datname FROM pg_database d JOIN pg_roles r ON "
+                                                "d.datdba = r.oid WHERE r.rolname = 'mlflow'")}
+        server_users = {row[0] for row in conn.execute("SELECT DISTINCT usename FROM pg_stat_activity WHERE "
+                                                       "datname IN ('mlflow', 'mlflow_auth')")}
+        superusers = [row[0] for row in conn.execute("SELECT rolname FROM pg_roles WHERE rolsuper")]
+    assert role == (False, False, False, False, False), role
+    assert owned == {"mlflow", "mlflow_auth"}, owned
+    assert server_users == {"mlflow"}, f"the server connects as {server_users}"
+    assert superusers == [server.postgres.user], superusers
+    for user, password in ((server.postgres.user, server.postgres.password),
+                           (server.postgres.user, server.database_password)):
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            _connect(server, "postgres", user, password).close()
 
 
 @pytest.mark.slow
