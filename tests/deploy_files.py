@@ -11,6 +11,7 @@ from small import ROOT
 DEPLOY = ROOT / "deploy"
 KUBERAY = DEPLOY / "kuberay"
 RAY_KINDS = {"RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices"}
+MLFLOW_SERVER = ("StatefulSet", "mlflow", "mlflow")  # mlflow.yaml's server: (kind, namespace, name)
 # Variable names whose values are secrets: they must come from a Secret, never from the file.
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|_KEY\b|CREDENTIAL")
 
@@ -167,7 +168,7 @@ def defined_objects() -> dict[tuple[str, str, str], dict]:
 
 
 def mlflow_container(deployment: dict) -> dict:
-    """The MLflow server's container in mlflow.yaml's Deployment."""
+    """The MLflow server's container in mlflow.yaml's StatefulSet (MLFLOW_SERVER)."""
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 

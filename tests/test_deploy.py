@@ -21,6 +21,7 @@ import pytest
 import yaml
 from deploy_files import (
     DEPLOY,
+    MLFLOW_SERVER,
     SECRET_NAME,
     by_kind,
     containers,
@@ -40,7 +41,7 @@ def test_every_file_parses_and_is_known():
     assert files == {
         "README.md", "Dockerfile", "cluster-aws.yaml", "serve_config.yaml", "aws/ec2-trust-policy.json",
         "aws/ray-head-policy.json", "aws/ray-worker-policy.json", "kuberay/mlflow.yaml", "kuberay/storage.yaml",
-        "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml",
+        "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml", "kuberay/members.yaml",
         # the guides and the AWS MLflow server's files: tests/test_guide.py
         "kuberay/README.md", "aws/README.md", "aws/mlflow-server.sh", "aws/mlflow-server-policy.json",
         # the tracking server's image and logins: tests/test_deploy_mlflow.py, tests/test_permissions.py
@@ -107,7 +108,7 @@ def test_versions_agree_ray_cuda_torch_mlflow():
     assert "-c /tmp/pins.txt -e ." in dockerfile, "the project's install must not replace Ray or torch"
     # The MLflow server speaks the same release series as the client the project is tested with.
     # Its image is deploy/mlflow.Dockerfile's, built on MLflow's release image of the same version.
-    image = mlflow_container(defined_objects()[("Deployment", "mlflow", "mlflow")])["image"]
+    image = mlflow_container(defined_objects()[MLFLOW_SERVER])["image"]
     server = re.fullmatch(r"REGISTRY/nmt-mlflow:(\d+\.\d+\.\d+)", image)
     assert server, f"{image}: the image of deploy/mlflow.Dockerfile"
     built = re.search(r"^ARG MLFLOW_VERSION=(\S+)$", (DEPLOY / "mlflow.Dockerfile").read_text(), re.M).group(1)

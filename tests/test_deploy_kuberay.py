@@ -34,6 +34,7 @@ import yaml
 from deploy_files import (
     DEPLOY,
     KUBERAY,
+    MLFLOW_SERVER,
     RAY_KINDS,
     SECRET_NAME,
     by_kind,
@@ -69,7 +70,7 @@ MLFLOW_LOGIN = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 def test_kubernetes_objects_match_the_kubernetes_schema(version):
     """Built-in kinds whole; in KubeRay's custom resources, every pod template (strict: unknown fields fail)."""
     plain = [(p, d) for p, d in objects() if d["kind"] not in RAY_KINDS]
-    assert {d["kind"] for _, d in plain} >= {"PersistentVolumeClaim", "Deployment", "Service", "ConfigMap",
+    assert {d["kind"] for _, d in plain} >= {"PersistentVolumeClaim", "StatefulSet", "Service", "ConfigMap",
                                              "NetworkPolicy"}
     checks = [(f"{p.name} {d['kind']}/{d['metadata']['name']}", d) for p, d in plain]
     for where, doc, _ in ray_clusters():
@@ -203,13 +204,14 @@ def test_each_header_makes_what_its_file_needs_before_applying_it():
     for where, text in texts:
         for verb, ns, name, keys in steps(text):
             if verb == "create secret generic":
-                assert keys and keys <= listed_keys[(ns, name)], f"{where}: Secret {name} with keys {keys}"
+                assert keys and keys <= listed_keys.get((ns, name), set()), \
+                    f"{where}: Secret {name} with keys {keys}, which the README's prerequisites table does not list"
 
 
 def test_the_ray_pods_find_the_mlflow_server_of_mlflow_yaml():
     """Every MLflow URL in the Ray files is a Service port of mlflow.yaml that its server answers for."""
     defined = defined_objects()
-    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    deployment = defined[MLFLOW_SERVER]
     allowed = mlflow_args(deployment)["allowed_hosts"].split(",")
     urls = set()
     for _, doc, spec in ray_clusters():
@@ -255,9 +257,10 @@ def test_ray_pods_have_mlflow_login_shm_and_gpus():
                 assert resources["requests"] == resources["limits"], f"{where}: Ray sizes itself by the limits"
                 env = container_env(container)
                 assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http://"), where
-                for name in MLFLOW_LOGIN:
+                for name in MLFLOW_LOGIN:  # the serving login; a RayJob's run has its owner's (security tests)
                     ref = env[name]["valueFrom"]["secretKeyRef"]
-                    assert ref["name"] == "nmt-mlflow-credentials" and "value" not in env[name], where
+                    assert "value" not in env[name] and (ref["name"] == "nmt-mlflow-credentials") == (
+                        doc["kind"] != "RayJob"), where
                 mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
                 shm = next((v for v in volumes.values() if mounts.get(v["name"]) == "/dev/shm"), None)
                 assert shm and shm["emptyDir"]["medium"] == "Memory", f"{where}: no memory-backed /dev/shm"

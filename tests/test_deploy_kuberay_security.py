@@ -1,6 +1,7 @@
 """deploy/kuberay locked down for a shared Kubernetes cluster: a token Secret per Ray cluster, pods as
 deploy/Dockerfile's non-root user without privileges, a Kubernetes API token only in the autoscaler sidecar,
-and NetworkPolicies that admit, port by port, what each pod must be reached by and nothing else.
+NetworkPolicies that admit, port by port, what each pod must be reached by and nothing else, members' rights
+by name only, and the read-only serving login apart from a job's writable one.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from pathlib import Path
 
 from deploy_files import (
     DEPLOY,
+    MLFLOW_SERVER,
     RAY_KINDS,
     by_kind,
     cluster_spec,
+    container_env,
     containers,
     defined_objects,
     groups,
@@ -63,7 +66,7 @@ def test_pods_run_as_a_non_root_user_without_privileges():
     uid, gid = _dockerfile_user()
     assert uid != 0
     pods = [(f"{p.name} {d['kind']}", d, pod) for p, d in objects() for pod in pod_specs(d)]
-    assert {d["kind"] for _, d, _ in pods} == {*RAY_KINDS, "Deployment", "StatefulSet"}
+    assert {d["kind"] for _, d, _ in pods} == {*RAY_KINDS, "StatefulSet"}
     for where, doc, pod in pods:
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] != 0, where
@@ -248,7 +251,7 @@ def test_serve_port_admits_the_labelled_gateway_and_the_ingress_controller_only(
 
 def test_mlflow_admits_the_ray_pods_and_labelled_clients_only():
     defined = defined_objects()
-    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    deployment = defined[MLFLOW_SERVER]
     server = ("mlflow", deployment["spec"]["template"]["metadata"]["labels"])
     [port] = [p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]]
     for where, doc, _ in ray_clusters():
@@ -306,7 +309,7 @@ def _egress(source: tuple[str, dict], target: tuple[str, dict] | str, port: int,
 
 def test_ray_pods_reach_each_other_dns_mlflow_and_object_storage_and_nothing_else():
     defined = defined_objects()
-    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    deployment = defined[MLFLOW_SERVER]
     mlflow = ("mlflow", deployment["spec"]["template"]["metadata"]["labels"])
     clusters = {where: _ray_pods(doc) for where, doc, _ in ray_clusters()}
     for where, pods in clusters.items():
@@ -352,3 +355,75 @@ def test_the_image_keeps_the_project_out_of_the_ray_users_hands():
         if "pip install" in line and " -e ." in " ".join(lines[lines.index(line):lines.index(line) + 2]):
             assert user in ("root", "0"), f"the project is installed as {user}"
     assert user == "1000:100"  # and the containers run as the ray user again
+
+
+# ---- who may do what: members' RBAC and the MLflow logins the pods run with ----
+
+def _member_grants() -> set[tuple[str, str, str, str]]:
+    """(namespace, resource, name, verb) of every rule members.yaml's RoleBindings give the members' group."""
+    roles = {(namespace(d), d["metadata"]["name"]): d for _, d in by_kind("Role")}
+    grants = set()
+    for path, binding in by_kind("RoleBinding"):
+        assert binding["roleRef"]["kind"] == "Role", f"{path.name}: a ClusterRole's rules reach every namespace"
+        assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "nmt-members"}]
+        for rule in roles[(namespace(binding), binding["roleRef"]["name"])]["rules"]:
+            assert rule.get("resourceNames"), f"{path.name}: {rule} grants every object of its kind, not some by name"
+            assert rule["apiGroups"] == [""] and not {"*", "list", "watch"} & set(rule["verbs"]), rule
+            grants |= set(itertools.product([namespace(binding)], rule["resources"], rule["resourceNames"],
+                                            rule["verbs"]))
+    return grants
+
+
+def test_members_get_by_name_only_the_team_clusters_token_and_a_port_forward_to_its_head_and_mlflow():
+    """Not the RayService's token or pods (a port-forward and its token would `serve deploy` any code onto it), no
+    job's token or MLflow login, no database pod, no exec, no list; the pods by the names KubeRay and the
+    StatefulSet give them."""
+    defined = defined_objects()
+    [(_, team)] = by_kind("RayCluster")
+    # KubeRay's utils.PodName with ENABLE_DETERMINISTIC_HEAD_POD_NAME=true: the cluster's name and "-head".
+    assert "ENABLE_DETERMINISTIC_HEAD_POD_NAME=true" in header(DEPLOY / "kuberay" / "members.yaml")
+    head = f"{team['metadata']['name'][:50]}-head".lower()
+    server = defined[MLFLOW_SERVER]
+    assert server["kind"] == "StatefulSet", "a Deployment's pods have random names RBAC cannot grant"
+    mlflow_pods = {f"{server['metadata']['name']}-{i}" for i in range(server["spec"]["replicas"])}
+    forward = {("get", "pods"), ("get", "pods/portforward"), ("create", "pods/portforward")}
+    expected = {("", "secrets", cluster_spec(team)["authOptions"]["secretName"], "get")}
+    expected |= {("", resource, head, verb) for verb, resource in forward}
+    expected |= {("mlflow", resource, pod, verb) for verb, resource in forward for pod in mlflow_pods}
+    grants = _member_grants()
+    assert grants == expected, f"more than they need: {grants - expected}; missing: {expected - grants}"
+    for where, doc, spec in ray_clusters():
+        if doc["metadata"]["name"] != team["metadata"]["name"]:
+            assert spec["authOptions"]["secretName"] not in {name for _, _, name, _ in grants}, where
+            assert not any(name.startswith(doc["metadata"]["name"]) for _, _, name, _ in grants), where
+
+
+def _login_secrets(doc: dict) -> set[str]:
+    """The Secrets a Ray object's Ray containers take their MLflow login from."""
+    return {container_env(container)[name]["valueFrom"]["secretKeyRef"]["name"]
+            for group in groups(cluster_spec(doc)) for container in group["template"]["spec"]["containers"]
+            for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+
+
+def test_the_serving_login_and_a_jobs_writable_login_are_in_separate_secrets():
+    """The RayCluster and the RayService run with the read-only serving login; a RayJob with its own Secret,
+    which its header fills with the run owner's login, never the serving Secret."""
+    serving = {arg: keys for verb, _, arg, keys in steps(header(DEPLOY / "kuberay" / "mlflow.yaml"))
+               if verb == "create secret generic"}
+    assert "nmt-mlflow-credentials" in serving
+    made = re.search(r"create secret generic nmt-mlflow-credentials (.*)", header(DEPLOY / "kuberay" / "mlflow.yaml"))
+    assert "--from-literal=username=serving " in made.group(1), "the Ray pods' shared login is the read-only one"
+    for path, doc in objects():
+        if doc["kind"] not in RAY_KINDS:
+            continue
+        secrets = _login_secrets(doc)
+        if doc["kind"] != "RayJob":
+            assert secrets == {"nmt-mlflow-credentials"}, path.name
+            continue
+        [own] = secrets
+        assert own != "nmt-mlflow-credentials" and own.startswith(doc["metadata"]["name"]), path.name
+        created = [(arg, keys, rest) for (verb, _, arg, keys), rest in zip(
+            steps(header(path)), re.findall(r"kubectl .*", header(path))) if verb == "create secret generic"]
+        assert [arg for arg, _, _ in created if "mlflow" in arg] == [own], f"{path.name} makes {created}"
+        [(_, keys, line)] = [c for c in created if c[0] == own]
+        assert keys == {"username", "password"} and "username=serving " not in line, line

@@ -18,14 +18,22 @@ import urllib.request
 
 import pytest
 from conftest import ROOT, PostgresCluster, environment, free_port, stop_process, wait_http
-from deploy_files import KUBERAY, container_env, defined_objects, header, mlflow_args, mlflow_container
+from deploy_files import (
+    KUBERAY,
+    MLFLOW_SERVER,
+    container_env,
+    defined_objects,
+    header,
+    mlflow_args,
+    mlflow_container,
+)
 
 pytestmark = pytest.mark.light  # its slow test waits on a server: it runs beside the background lane
 SERVICE_DB = "mlflow@mlflow-postgres.mlflow.svc.cluster.local:5432"
 
 
 def _auth_ini(defined: dict, container: dict) -> configparser.ConfigParser:
-    pod_volumes = {v["name"]: v for v in defined[("Deployment", "mlflow", "mlflow")]["spec"]["template"]["spec"]
+    pod_volumes = {v["name"]: v for v in defined[MLFLOW_SERVER]["spec"]["template"]["spec"]
                    ["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     ini_dir, ini_name = container_env(container)["MLFLOW_AUTH_CONFIG_PATH"]["value"].rsplit("/", 1)
@@ -37,7 +45,7 @@ def _auth_ini(defined: dict, container: dict) -> configparser.ConfigParser:
 
 def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storage():
     defined = defined_objects()
-    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    deployment = defined[MLFLOW_SERVER]
     pod = deployment["spec"]["template"]["spec"]
     container, args = mlflow_container(deployment), mlflow_args(deployment)
     env = container_env(container)
@@ -72,7 +80,7 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
     # A worker answers up to 40 requests at once (its thread pool), and MLflow's log_batch holds two connections:
     # a smaller pool deadlocks under a burst, every request waiting for a connection the others hold.
     assert per_engine >= 2 * 40, per_engine
-    assert replicas >= 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate", "one restarting, one serving"
+    assert replicas >= 2 and deployment["spec"]["updateStrategy"]["type"] == "RollingUpdate", "one restarting, one serving"
     service = defined[("Service", "mlflow", "mlflow")]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP", "MLflow stays inside the cluster"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -121,7 +129,7 @@ def manifest_server(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("manifest-mlflow")
     defined = defined_objects()
-    deployment = defined[("Deployment", "mlflow", "mlflow")]
+    deployment = defined[MLFLOW_SERVER]
     container = mlflow_container(deployment)
     database_password = secrets.token_hex(16)
     postgres = _postgres_as_the_manifest_makes_it(defined[("StatefulSet", "mlflow", "mlflow-postgres")],
@@ -209,8 +217,8 @@ def test_the_tracking_database_role_is_not_the_images_superuser():
     defined = defined_objects()
     database = defined[("StatefulSet", "mlflow", "mlflow-postgres")]
     superuser = container_env(database["spec"]["template"]["spec"]["containers"][0])["POSTGRES_USER"]["value"]
-    container = mlflow_container(defined[("Deployment", "mlflow", "mlflow")])
-    users = {urllib.parse.urlsplit(uri).username for uri in (mlflow_args(defined[("Deployment", "mlflow", "mlflow")])[
+    container = mlflow_container(defined[MLFLOW_SERVER])
+    users = {urllib.parse.urlsplit(uri).username for uri in (mlflow_args(defined[MLFLOW_SERVER])[
         "backend_store_uri"], _auth_ini(defined, container)["mlflow"]["database_uri"])}
     assert users == {"mlflow"} and superuser != "mlflow", (users, superuser)
     init = defined[("ConfigMap", "mlflow", "mlflow-postgres-init")]
