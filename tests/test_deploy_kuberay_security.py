@@ -271,13 +271,15 @@ DNS = ("kube-system", {"k8s-app": "kube-dns"})
 OBJECT_STORAGE = "52.216.8.1"  # an S3 address
 PRIVATE = ("10.0.12.7", "172.20.0.5", "192.168.1.9", "100.64.3.2")  # nodes, another team's database, a VPC service
 METADATA = "169.254.169.254"  # the cloud's instance metadata: the node's credentials
+API_SERVER_PLACEHOLDER, API_SERVER = "API-SERVER-IP", "172.20.0.1"  # what you put there: the API server's endpoint
 
 
 def _ip_in(ip: str, block: dict) -> bool:
     import ipaddress
 
     address = ipaddress.ip_address(ip)
-    return address in ipaddress.ip_network(block["cidr"]) and not any(
+    cidr = block["cidr"].replace(API_SERVER_PLACEHOLDER, API_SERVER)
+    return address in ipaddress.ip_network(cidr) and not any(
         address in ipaddress.ip_network(e) for e in block.get("except", []))
 
 
@@ -322,13 +324,32 @@ def test_ray_pods_reach_each_other_dns_mlflow_and_object_storage_and_nothing_els
             assert _egress(pod, OBJECT_STORAGE, 443), f"{where}: object storage over HTTPS"
             assert not _egress(pod, OBJECT_STORAGE, 22) and not _egress(pod, OBJECT_STORAGE, 80), where
             assert not any(_egress(pod, ip, 80) or _egress(pod, ip, 5432) for ip in (METADATA, *PRIVATE)), where
-            if labels["ray.io/node-type"] != "head":  # the head's autoscaler reaches the API server on 443/6443
-                assert not any(_egress(pod, ip, 443) for ip in (METADATA, *PRIVATE)), where
+            assert not any(_egress(pod, ip, 443) for ip in (METADATA, *PRIVATE)), where
             for client in (PLAIN_POD, ADMIN_POD, GATEWAY_POD):
                 assert not _egress(pod, (RAY_NAMESPACE, client), 8000), f"{where}: {client}"
             for other, other_pods in clusters.items():
                 if other != where:
                     assert not any(_egress(pod, (RAY_NAMESPACE, b), 6379) for _, b in other_pods), f"{where}: {other}"
+
+
+def test_head_pods_reach_the_api_server_at_its_address_alone_and_no_private_service_on_443_or_6443():
+    """The autoscaler sidecar needs the API server; the Ray container beside it, where jobs' drivers run, must
+    not reach another team's HTTPS service, the nodes' kubelets or the metadata service on those ports."""
+    for path, doc in objects():
+        if doc["kind"] not in RAY_KINDS:
+            continue
+        spec = cluster_spec(doc)
+        for _, labels in _ray_pods(doc):
+            pod = (RAY_NAMESPACE, labels)
+            reaches_api = {port: _egress(pod, API_SERVER, port) for port in (443, 6443)}
+            head_autoscales = labels["ray.io/node-type"] == "head" and spec.get("enableInTreeAutoscaling", False)
+            assert reaches_api == {443: head_autoscales, 6443: head_autoscales}, f"{path.name}: {labels}"
+            for port in (443, 6443):
+                assert not any(_egress(pod, ip, port) for ip in (METADATA, *PRIVATE)), f"{path.name}: {port}"
+            assert not _egress(pod, OBJECT_STORAGE, 6443), f"{path.name}: 6443 outside the cluster"
+        if spec.get("enableInTreeAutoscaling"):
+            assert f"{API_SERVER_PLACEHOLDER} (the last policy)" in header(path).replace("\n", " "), \
+                f"{path.name}'s header must say to replace {API_SERVER_PLACEHOLDER}"
 
 
 def test_ray_containers_have_a_read_only_root_filesystem_and_scratch_where_ray_writes():
