@@ -15,15 +15,16 @@ doing with the pipeline's own code what a Tune trial does on a cluster:
 
 Trials start spread over --ramp-s, as Tune starts them while worker groups come up. When a sweep's
 trials end, its best trial is marked a candidate (registry.mark_candidate, as a person's login that
-may not register does); then the promoting login registers every candidate and decides the champion
-(registry.register_candidates, champion.decide: `nmt promote`). Every logged point is read back.
+may not register does); then the promoting login lists the candidates, the search `nmt promote` starts with
+(registry.candidate_runs; scoring and registering their models is rehearsed elsewhere: these trials log none).
+Every logged point is read back.
 
     python benchmarks/tracking_load.py                      # 64, 256, 512 trials; SQLite and PostgreSQL
     python benchmarks/tracking_load.py --trials 16 --processes 2 --duration-s 20 --report-interval-s 2
 
 Figures per level: errors (requests the server failed, by kind; trials that failed), lost points
 (queued by the trials but not in the store when read back), p50/p99 of the trials' requests,
-requests/s served, and whether the champion was decided.
+requests/s served, and how long listing the candidates took.
 """
 
 from __future__ import annotations
@@ -209,13 +210,13 @@ def read_back(server_uri: str, trials: list[dict]) -> dict:
 
 
 def run_level(store: str, trials: int, args, postgres) -> dict:
-    """One store at one load: server up, team made, trials run, champion decided, points read back."""
+    """One store at one load: server up, team made, trials run, candidates listed, points read back."""
     import secrets
 
     from mlflow_users import create_user, team_model
 
     from pipeline.common.environment import environment
-    from pipeline.track import champion, registry
+    from pipeline.track import registry
 
     root = Path(tempfile.mkdtemp(prefix=f"nmt-load-{store}-"))
     persons = {f"person{p}": secrets.token_urlsafe(12) for p in range(args.processes)}
@@ -246,10 +247,9 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
         # The promoting login's `nmt promote`, then the read-back, as a user's commands would retry them.
         with environment(MLFLOW_TRACKING_USERNAME="promoter", MLFLOW_TRACKING_PASSWORD=promoter_password,
                          MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_TIMEOUT="20"):
-            decided_at, added, champion_version, promote_error = time.monotonic(), [], None, ""
+            decided_at, found, promote_error = time.monotonic(), [], ""
             try:
-                added = registry.register_candidates(server.uri, TEAM_MODEL)
-                champion_version = champion.decide(server.uri, TEAM_MODEL).version
+                found = registry.candidate_runs(server.uri, TEAM_MODEL)
             except Exception as err:
                 promote_error = f"{type(err).__name__}: {str(err)[:300]}"
             promote_s = time.monotonic() - decided_at
@@ -272,7 +272,7 @@ def run_level(store: str, trials: int, args, postgres) -> dict:
             "requests_per_s": round(len(requests) / wall_s, 1),
             "p50_s": round(_quantile(latencies, 0.5), 3), "p99_s": round(_quantile(latencies, 0.99), 3),
             "max_s": round(latencies[-1], 3) if latencies else None,
-            "candidates_registered": len(added), "champion_version": champion_version,
+            "candidates_found": len(found),
             "promote_error": promote_error, "promote_s": round(promote_s, 1)}
 
 

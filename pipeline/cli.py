@@ -151,25 +151,30 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     target = connect(cfg.tracking.tracking_uri)
-    uri, name = target.uri, args.name or cfg.tracking.registered_model
-    with registry.refused_as_user_error(uri, f"promoting {name}", target.username):
-        return _promote(uri, name, args.version)
+    name = args.name or cfg.tracking.registered_model
+    with registry.refused_as_user_error(target.uri, f"promoting {name}", target.username):
+        if args.version is not None:
+            from .track import champion
+
+            champion.promote(target.uri, name, args.version)
+            print(f"{name} version {args.version} is now @{champion.CHAMPION}")
+            return 0
+        return _promote_candidates(target, cfg, name, args)
 
 
-def _promote(uri: str, name: str, version: str | None) -> int:
-    from .track import champion, registry
+def _promote_candidates(target, cfg, name: str, args: argparse.Namespace) -> int:
+    """Score and register the candidates (the promoter's own check), then decide the champion."""
+    from .data.prepare import prepared_path
+    from .serve.promote import promote_candidates
+    from .track import champion
 
-    if version is None:  # candidates of logins that may not register, and versions left undecided
-        added = registry.register_candidates(uri, name)
-        decision = champion.decide(uri, name)
-        if decision.version is None:
-            raise UserError(f"registered model {name!r} has no version with a val_bleu to decide on")
-        if added:
-            print(f"registered {name} version{'s' * (len(added) > 1)} {', '.join(added)} from candidate runs")
-        print(f"{name} version {decision.version} (val_bleu {decision.val_bleu:.2f}) is @{champion.CHAMPION}")
-        return 0
-    champion.promote(uri, name, version)
-    print(f"{name} version {version} is now @{champion.CHAMPION}")
+    data = args.data or prepared_path(cfg.data)[0]
+    for verdict in promote_candidates(target, name, data, cfg.tracking.experiment, args.device):
+        print(verdict.line(name))
+    decision = champion.decide(target.uri, name)
+    if decision.version is None:
+        raise UserError(f"registered model {name!r} has no version with a val_bleu to decide on")
+    print(f"{name} version {decision.version} (val_bleu {decision.val_bleu:.2f}) is @{champion.CHAMPION}")
     return 0
 
 
@@ -198,7 +203,10 @@ HANDLERS = {"prepare": _cmd_prepare, "train": _cmd_train, "tune": _cmd_tune, "de
 
 def run() -> None:
     """The `nmt` command (and `python -m pipeline`): main(), then the interpreter's exit without its teardown."""
-    code = main()
+    try:
+        code = main()
+    finally:  # in a submitted job: its forwarded variables off the nodes it ran on, while Ray is still connected
+        job_env.forget()
     wait_for_threads, exit_handlers = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
     if wait_for_threads is None or exit_handlers is None:  # not CPython: the usual exit
         sys.exit(code)

@@ -159,13 +159,18 @@ def _add_model_commands(commands: _Commands, address: argparse.ArgumentParser) -
                         help="weight type of the export (default int8: about 4x smaller, slightly lower BLEU)")
     export.add_argument("--out", default="ctranslate2-model", help="the directory to write (default ctranslate2-model)")
 
-    promote = command("promote", "move the champion alias to a model version by hand, or register candidate runs "
-                      "and decide undecided versions",
-                      ["nmt promote 3", "nmt promote 3 --name transformer-nmt-wmt14-en-de", "nmt promote"], config=True)
-    promote.add_argument("version", nargs="?", help="the model version number; without it, runs whose login could "
-                                                    "not register are registered, and undecided versions get the "
-                                                    "val_bleu rule")
+    promote = command("promote", "check and register candidate runs, then move the champion alias to the best; or "
+                      "move it to a version by hand",
+                      ["nmt promote --name transformer-nmt-wmt14-en-de --config configs/wmt14_en_de.yaml",
+                       "nmt promote --data s3://bucket/nmt/prepared/demo-en-de-0123abcd", "nmt promote 3"],
+                      config=True)
+    promote.add_argument("version", nargs="?", help="move @champion to this version by hand; without it, each "
+                                                    "candidate run's own model is scored here on the validation "
+                                                    "split, registered as a copy, and the best becomes champion")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
+    promote.add_argument("--data", help="the prepared dataset whose validation split scores the candidates "
+                                        "(default: the one --config and --set data.* prepare)")
+    promote.add_argument("--device", default="auto", help=device_help)
 
     serve = command("serve", "serve a registered model over HTTP with Ray Serve (Ctrl-C stops)",
                     ["nmt serve --port 8000", "nmt serve --model models:/transformer-nmt-wmt14-en-de/3 --host 0.0.0.0",

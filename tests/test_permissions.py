@@ -51,8 +51,11 @@ def team(ray_session, mlflow_auth_server, tmp_path_factory):
 
     with environment(**login(server, "alice")):
         outcome = train(cfg)
-    promoted = nmt(server, "promoter", "promote", "--name", TEAM_MODEL)
-    return types.SimpleNamespace(server=server, outcome=outcome, promoted=promoted, cfg=cfg)
+    from pipeline.data.prepare import prepared_path
+
+    data = prepared_path(cfg.data)[0]  # the validation split the promoter scores candidates on
+    promoted = nmt(server, "promoter", "promote", "--name", TEAM_MODEL, "--data", data)
+    return types.SimpleNamespace(server=server, outcome=outcome, promoted=promoted, cfg=cfg, data=data)
 
 
 def test_a_persons_run_is_a_candidate_that_the_promoting_login_registers_and_crowns(team):
@@ -62,14 +65,62 @@ def test_a_persons_run_is_a_candidate_that_the_promoting_login_registers_and_cro
         run = MlflowClient(server.uri).get_run(outcome.run_id)
     assert run.data.tags[registry.CANDIDATE_TAG] == TEAM_MODEL and run.data.tags["mlflow.user"] == "alice"
     assert team.promoted.returncode == 0, team.promoted.stderr[-2000:]
-    assert f"registered {TEAM_MODEL} version 1 from candidate runs" in team.promoted.stdout
+    assert f"candidate run {outcome.run_id} by alice: val_bleu " in team.promoted.stdout
+    assert f"registered as {TEAM_MODEL} version 1" in team.promoted.stdout, team.promoted.stdout
     with environment(**login(server, "bob")):  # anyone reads the result
         client = MlflowClient(server.uri, registry_uri=server.uri)
         version = client.get_model_version_by_alias(TEAM_MODEL, champion.CHAMPION)
-    assert version.version == "1" and version.run_id == outcome.run_id
-    assert float(version.tags["val_bleu"]) == pytest.approx(outcome.metrics["val_bleu"], abs=1e-3)
-    again = nmt(server, "promoter", "promote", "--name", TEAM_MODEL)  # a candidate is registered once
-    assert again.returncode == 0 and "from candidate runs" not in again.stdout, again.stderr[-2000:]
+        copy = client.get_run(version.run_id)
+    # The version is the promoter's copy of alice's model, in a run of the promoter's: alice cannot change it.
+    assert version.version == "1" and version.tags["candidate_run_id"] == outcome.run_id
+    assert copy.data.tags["mlflow.user"] == "promoter" and version.run_id != outcome.run_id
+    # Its val_bleu is the promoter's own evaluation on the same validation split, not the figure alice's run logged.
+    assert float(version.tags["val_bleu"]) == pytest.approx(outcome.metrics["val_bleu"], abs=1.0)
+    assert version.tags["claimed_val_bleu"] == f"{outcome.metrics['val_bleu']:.2f}"
+    again = nmt(server, "promoter", "promote", "--name", TEAM_MODEL, "--data", team.data)  # judged once
+    assert again.returncode == 0 and "candidate run" not in again.stdout, again.stderr[-2000:]
+
+
+def test_forged_and_malformed_candidates_are_reported_skipped_and_never_crowned(team):
+    """bob marks two runs of his candidates with a val_bleu of 1e308: one names alice's model (his run logged none),
+    one carries a copy of her model under a tag that is not JSON. The promoter rejects the first, scores the second
+    as what it is (her model's BLEU, which does not beat her version), and the next promote judges neither again."""
+    import json
+
+    from pipeline.track.tracking import Run
+
+    server, outcome = team.server, team.outcome
+    with environment(**login(server, "promoter")):
+        alice_model = MlflowClient(server.uri, registry_uri=server.uri).get_model_version(TEAM_MODEL, "1")
+    with environment(**login(server, "bob")):
+        client = MlflowClient(server.uri)
+        experiment = client.create_experiment("bobs-claims")
+        alice_own = client.search_logged_models([client.get_run(outcome.run_id).info.experiment_id])[0]
+        forged = client.create_run(experiment, run_name="forged", tags={"mlflow.user": "bob"})
+        client.log_metric(forged.info.run_id, "val_bleu", 1e308)
+        client.set_tag(forged.info.run_id, registry.CANDIDATE_MODEL_TAG, json.dumps(
+            {"model_uri": alice_own.model_uri, "model_id": alice_own.model_id, "tags": {"val_bleu": "1e308"}}))
+        client.set_tag(forged.info.run_id, registry.CANDIDATE_TAG, TEAM_MODEL)
+        copied = client.create_run(experiment, run_name="copied", tags={"mlflow.user": "bob"})
+        translator = registry.load_translator(server.uri, f"models:/{TEAM_MODEL}/1", "cpu")
+        registry.log_model(Run(server.uri, copied.info.run_id), translator, "a small dog runs .")
+        client.log_metric(copied.info.run_id, "val_bleu", 1e308)
+        client.set_tag(copied.info.run_id, registry.CANDIDATE_MODEL_TAG, "{not json")
+        client.set_tag(copied.info.run_id, registry.CANDIDATE_TAG, TEAM_MODEL)
+    promoted = nmt(server, "promoter", "promote", "--name", TEAM_MODEL, "--data", team.data)
+    assert promoted.returncode == 0 and "Traceback" not in promoted.stderr, promoted.stderr[-3000:]
+    assert f"candidate run {forged.info.run_id} by bob: rejected: its candidate tag names model " \
+           f"{alice_own.model_id}, which run {forged.info.run_id} did not log" in promoted.stdout, promoted.stdout
+    assert f"candidate run {copied.info.run_id} by bob: val_bleu " in promoted.stdout, promoted.stdout
+    with environment(**login(server, "bob")):
+        client = MlflowClient(server.uri, registry_uri=server.uri)
+        versions = {v.tags.get("candidate_run_id"): v for v in client.search_model_versions(f"name = '{TEAM_MODEL}'")}
+        assert forged.info.run_id not in versions
+        copy = versions[copied.info.run_id]
+        assert float(copy.tags["val_bleu"]) == pytest.approx(float(alice_model.tags["val_bleu"]), abs=0.01)
+        assert client.get_model_version_by_alias(TEAM_MODEL, champion.CHAMPION).version == "1"  # a tie moves nothing
+    again = nmt(server, "promoter", "promote", "--name", TEAM_MODEL, "--data", team.data)
+    assert again.returncode == 0 and "candidate run" not in again.stdout, again.stderr[-2000:]
 
 
 def test_a_read_permission_cannot_register_move_the_alias_or_write_to_anothers_experiment(team):

@@ -39,4 +39,4 @@ def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_cha
         assert level["points_queued"] > 8 * 6 * 3 and level["lost_points"] == 0 == level["extra_points"], level
         assert level["runs_not_finished"] == 0 and level["requests"] > 0 and level["p99_s"] > 0
         # Two sweeps, each with a best trial that its person's login could only mark a candidate.
-        assert level["candidates_registered"] == 2 and level["champion_version"] in ("1", "2")
+        assert level["candidates_found"] == 2

@@ -29,6 +29,12 @@ def asha_sweep(ray_session, mlflow_auth_server, tmp_path_factory):
                        "tracking.registered_model=tune-tests", tracking_uri=mlflow_auth_server.uri)
     login = {"MLFLOW_TRACKING_USERNAME": mlflow_auth_server.user,
              "MLFLOW_TRACKING_PASSWORD": mlflow_auth_server.password}
+    # A login never makes a registered model on a server with logins: the admin makes it and lets this one manage
+    # it, as a team's promoting login does (deploy/mlflow_users.py promoter ... --model).
+    from mlflow_users import team_model
+
+    with environment(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=mlflow_auth_server.admin_password):
+        team_model(mlflow_auth_server.uri, "tune-tests", mlflow_auth_server.user)
     lines = []  # what the sweep logs: one line per trial start and end
     collect = logging.Handler()
     collect.emit = lambda record: lines.append(record.getMessage())

@@ -92,6 +92,7 @@ def quiet_exit_in_finalizers() -> None:
 QUIET = {
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # no "Creating initial MLflow database tables", "Validating input example"
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # "View run ... at: URL" on stdout, where results go
     "RAY_AIR_NEW_OUTPUT": "0",  # Tune's legacy reporter, silent at verbose=0 (the new one still prints a box)
     "RAY_DEDUP_LOGS": "0",  # dedup folds concurrent trials' progress lines into "[repeated 3x across cluster]"
 }

@@ -70,10 +70,12 @@ def best_checkpoint(result) -> tuple[Any, dict] | None:
     return None
 
 
-def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manifest, register: bool = True):
+def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manifest, register: bool = True,
+            create_model: bool = True):
     """Pictures and sample translations for the run, then (optionally) a registered model version.
 
-    Done once per run: a rerun of a finished run finds its version and adds nothing.
+    Done once per run: a rerun of a finished run finds its version and adds nothing. create_model False (a
+    login on a team's server): a missing registered model is not made; the run becomes a candidate.
     """
     from ..text.translator import Translator
     from . import registry
@@ -96,4 +98,4 @@ def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manif
     tags = {"data_manifest": manifest.sha256, "git_commit": git_commit(), "data_path": without_secret(manifest.path),
             "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
     return registry.register(run, translator, name, float(metrics["val_bleu"]), tags,
-                             example=validation_sample(manifest, 1)[0][0])
+                             example=validation_sample(manifest, 1)[0][0], create_model=create_model)

@@ -101,25 +101,31 @@ def version_of_run(uri: str, name: str, run_id: str) -> str | None:
 
 
 def register(run: Run, translator: Translator, name: str, val_bleu: float,
-             tags: dict[str, str], example: str) -> Registered | None:
+             tags: dict[str, str], example: str, create_model: bool = True) -> Registered | None:
     """Register a model as a new version of `name`; it becomes champion only if its val_bleu is higher.
 
-    A login that may not add versions of `name` (on a team's server only the promoting identity may):
+    A login that may not add versions of `name` (on a team's server only the promoting identity may), or
+    that may not create it (create_model False: a login on a team's server, whose model the admin makes):
     the model stays logged in the run, which is marked a candidate for `nmt promote` (None).
     """
     from mlflow.exceptions import MlflowException
 
     info = log_model(run, translator, example)
     tags = {"val_bleu": f"{val_bleu:.4f}", "run_id": run.id, **{key: str(value) for key, value in tags.items()}}
+    if not create_model and not _exists(run.uri, name):
+        mark_candidate(run, name, info.model_uri, info.model_id, tags)
+        logger.info(f"there is no registered model {name} yet, and a run on a team's server never makes one: the "
+                    f"model is logged in run {run.id}, a candidate; the admin makes the model for the promoting "
+                    "login, and `nmt promote` with that login checks and registers it")
+        return None
     try:
-        version = _create_version(run.uri, name, info.model_uri, info.model_id, run.id, tags)
+        version = create_version(run.uri, name, info.model_uri, info.model_id, run.id, tags)
     except MlflowException as err:
         if err.get_http_status_code() != 403:
             raise
         mark_candidate(run, name, info.model_uri, info.model_id, tags)
         logger.info(f"this MLflow login may not register versions of {name} (HTTP 403): the model is logged in run "
-                    f"{run.id}, a candidate; `nmt promote` with the promoting login registers it and decides "
-                    "the champion")
+                    f"{run.id}, a candidate; `nmt promote` with the promoting login checks and registers it")
         return None
     decision = champion.decide(run.uri, name)
     better = decision.version == version
@@ -128,11 +134,22 @@ def register(run: Run, translator: Translator, name: str, val_bleu: float,
     return Registered(name, version, val_bleu, better, decision.previous[1] if decision.previous else None)
 
 
+def _exists(uri: str, name: str) -> bool:
+    """Whether the registered model exists (a login that cannot read it sees none)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow_client(uri).get_registered_model(name)
+    except MlflowException:
+        return False
+    return True
+
+
 CANDIDATE_TAG = "nmt.candidate"  # on a run whose login could not register its model: the registered model's name
 CANDIDATE_MODEL_TAG = "nmt.candidate_model"  # {"model_uri", "model_id", "tags"}: what registering it takes
 
 
-def _create_version(uri: str, name: str, model_uri: str, model_id: str | None, run_id: str,
+def create_version(uri: str, name: str, model_uri: str, model_id: str | None, run_id: str,
                     tags: dict[str, str]) -> str:
     """A new version of `name` (made first if it does not exist) from a logged model; its number."""
     from mlflow.exceptions import MlflowException
@@ -159,26 +176,15 @@ def mark_candidate(run: Run, name: str, model_uri: str, model_id: str | None, ta
         retrying(partial(run.client().set_tag, run.id, key, value), f"marking run {run.id} a candidate", END_WAIT_S)
 
 
-def register_candidates(uri: str, name: str) -> list[str]:
-    """Register every candidate run of `name` not registered yet (the promoting login's work); the new versions."""
-    import json
-
+def candidate_runs(uri: str, name: str) -> list:
+    """Every run of any experiment marked a candidate of `name`, oldest first (what `nmt promote` judges)."""
     client = mlflow_client(uri)
     experiments = [e.experiment_id for e in _all_experiments(client)]
-    added = []
+    found = []
     for start in range(0, len(experiments), 100):  # search_runs takes at most 100 experiments at a time
-        runs = client.search_runs(experiments[start: start + 100], f"tags.`{CANDIDATE_TAG}` = '{name}'",
-                                  max_results=1000)
-        for found in sorted(runs, key=lambda r: r.info.start_time):
-            if version_of_run(uri, name, found.info.run_id):
-                continue
-            candidate = json.loads(found.data.tags[CANDIDATE_MODEL_TAG])
-            version = _create_version(uri, name, candidate["model_uri"], candidate["model_id"], found.info.run_id,
-                                      candidate["tags"])
-            logger.info(f"registered {name} version {version} from candidate run {found.info.run_id} "
-                        f"(val_bleu {candidate['tags'].get('val_bleu')}, by {found.data.tags.get('mlflow.user')})")
-            added.append(version)
-    return added
+        found += client.search_runs(experiments[start: start + 100], f"tags.`{CANDIDATE_TAG}` = '{name}'",
+                                    max_results=1000)
+    return sorted(found, key=lambda r: r.info.start_time)
 
 
 @contextlib.contextmanager

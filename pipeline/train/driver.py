@@ -52,7 +52,8 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
         metrics = best[1] if best else dict(result.metrics or {})
         registered = None
         if best:
-            registered = publish(cfg, run, best[0], metrics, setup.manifest, register=cfg.tracking.register)
+            registered = publish(cfg, run, best[0], metrics, setup.manifest, register=cfg.tracking.register,
+                                 create_model=setup.target.login is None)
         best_path = storage.with_scheme(best[0].path, setup.storage_path) if best else None  # s3://..., not bucket/...
         if best:  # the best validation as a metric too: the runs table and compare view show it
             reports.log_best(run, metrics["val_bleu"], int(metrics.get("step", 0)))

@@ -251,7 +251,8 @@ def _fit_and_publish(cfg: Config, space: dict, prepared: RunSetup, parent: track
 
         best_cfg = apply(cfg, best["params"])[0]
         registered = publish(best_cfg, tracking.Run(prepared.uri, best["run_id"]), Checkpoint(best["checkpoint_path"]),
-                             {"val_bleu": best["val_bleu"]}, prepared.manifest, register=cfg.tracking.register)
+                             {"val_bleu": best["val_bleu"]}, prepared.manifest, register=cfg.tracking.register,
+                             create_model=prepared.target.login is None)
     log_summary(parent, cfg, trials, best, space)
     parent.end_tags.update({"best_trial": best["trial_id"] if best else "",
                             "best_val_bleu": f"{best['val_bleu']:.2f}" if best else ""})
