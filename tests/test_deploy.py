@@ -44,6 +44,8 @@ def test_every_file_parses_and_is_known():
         "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml", "kuberay/members.yaml",
         # the guides and the AWS MLflow server's files: tests/test_guide.py
         "kuberay/README.md", "aws/README.md", "aws/mlflow-server.sh", "aws/mlflow-server-policy.json",
+        # the bucket's lifecycle: tests/test_deploy_aws.py
+        "aws/bucket-lifecycle.json",
         # the tracking server's image and logins: tests/test_deploy_mlflow.py, tests/test_permissions.py
         "mlflow.Dockerfile", "mlflow_users.py", "tracking-server.md",
     }, "a new file here needs tests"
@@ -51,7 +53,7 @@ def test_every_file_parses_and_is_known():
         for doc in docs(path):
             assert isinstance(doc, dict), path
             assert ("kind" in doc) != ("cluster_name" in doc or "applications" in doc), path
-    for path in DEPLOY.glob("aws/*.json"):
+    for path in DEPLOY.glob("aws/*-policy.json"):
         assert json.loads(path.read_text())["Version"] == "2012-10-17", path
     for path, doc in objects():
         assert doc["apiVersion"] and doc["metadata"]["name"], path

@@ -1,7 +1,10 @@
 """deploy/cluster-aws.yaml and deploy/aws/: the cluster launcher against Ray's own schema, its AMI and IAM policies.
 
-The policies keep the autoscaler's EC2 rights as Ray's AWS provider uses them, on this cluster's instances
-only (the tag Ray puts on each), and add the bucket, the image and the SSM parameters the launcher reads.
+The policies keep the autoscaler's EC2 rights as Ray's AWS provider uses them, on this cluster's workers
+only (the tags Ray puts on each), and add the bucket, the image and the SSM parameters the launcher reads.
+Every job holds its node's role (the containers use the host's network), so each role is checked as what
+any member's job may do: launch only into the named subnets and security group, never destroy a version of
+the bucket's objects; and members reach the MLflow server and the head by port forwarding alone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import yaml
-from deploy_files import DEPLOY, docs
+from deploy_files import DEPLOY, docs, header
 from small import ROOT
 
 
@@ -60,24 +63,46 @@ def _listed(value) -> list:
 
 
 def _allows(policy: dict, action: str, resource: str, context: dict | None = None) -> bool:
-    """Whether a statement allows the call; a condition holds only when the request's context has its value."""
-    for statement in policy["Statement"]:
-        if (statement["Effect"] == "Allow" and any(fnmatch.fnmatch(action, a) for a in _listed(statement["Action"]))
-                and any(fnmatch.fnmatch(resource, r) for r in _listed(statement["Resource"]))
-                and _conditions_hold(statement.get("Condition", {}), context or {})):
-            return True
-    return False
+    """Whether the policy allows the call: a statement allows it and none denies it (IAM's explicit deny wins)."""
+    applying = [s for s in policy["Statement"] if _applies(s, action, resource, context or {})]
+    return any(s["Effect"] == "Allow" for s in applying) and not any(s["Effect"] == "Deny" for s in applying)
+
+
+def _denies(policy: dict, action: str, resource: str, context: dict | None = None) -> bool:
+    """Whether a statement of the policy denies the call, whatever other policies of the role allow."""
+    return any(s["Effect"] == "Deny" and _applies(s, action, resource, context or {}) for s in policy["Statement"])
+
+
+def _applies(statement: dict, action: str, resource: str, context: dict) -> bool:
+    """Whether a statement speaks to the call: its action, its resource (or not one of NotResource), its condition."""
+    if not any(fnmatch.fnmatch(action, a) for a in _listed(statement["Action"])):
+        return False
+    if "NotResource" in statement:
+        if any(fnmatch.fnmatch(resource, r) for r in _listed(statement["NotResource"])):
+            return False
+    elif not any(fnmatch.fnmatch(resource, r) for r in _listed(statement["Resource"])):
+        return False
+    return _conditions_hold(statement.get("Condition", {}), context)
 
 
 def _conditions_hold(condition: dict, context: dict) -> bool:
-    """Every operator's every key must match (IAM's AND); a key the request lacks matches nothing."""
+    """Every operator's every key must match (IAM's AND); a key the request lacks matches nothing, except under
+    IfExists and ForAllValues, which hold without it (as IAM evaluates them)."""
     tests = {"StringEquals": lambda have, want: have == want, "ArnEquals": lambda have, want: have == want,
              "StringLike": fnmatch.fnmatchcase, "ArnLike": fnmatch.fnmatchcase,
-             "NumericLessThanEquals": lambda have, want: float(have) <= float(want)}
+             "NumericLessThanEquals": lambda have, want: float(have) <= float(want),
+             "Bool": lambda have, want: have.lower() == want.lower()}
     for operator, pairs in condition.items():
-        assert operator in tests, f"{operator}: not evaluated here"
+        every_value, _, test = operator.rpartition(":")
+        test, if_exists = (test[:-len("IfExists")], True) if test.endswith("IfExists") else (test, False)
+        assert test in tests and every_value in ("", "ForAllValues"), f"{operator}: not evaluated here"
         for key, values in pairs.items():
-            if key not in context or not any(tests[operator](str(context[key]), str(v)) for v in _listed(values)):
+            if key not in context:
+                if if_exists or every_value:
+                    continue
+                return False
+            have = _listed(context[key]) if every_value else [context[key]]
+            if not all(any(tests[test](str(h), str(v)) for v in _listed(values)) for h in have):
                 return False
     return True
 
@@ -136,19 +161,38 @@ def test_aws_instance_profiles_keep_the_autoscalers_rights_and_add_the_bucket():
 
 
 def _instance_and_tags(config: dict) -> tuple[str, dict]:
-    """An instance of the cluster's account and region, and the context of a call on one of its nodes: its tag,
-    and for a launch what the autoscaler asks for a worker as cluster-aws.yaml describes it."""
-    from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME
+    """An instance of the cluster's account and region, and the context of a call on one of its workers: its tags,
+    the tags Ray's updater changes after a launch, and for a launch what the autoscaler asks for a worker as
+    cluster-aws.yaml describes it, tagged as Ray's node launcher tags it."""
+    from ray.autoscaler.tags import (
+        NODE_KIND_WORKER,
+        TAG_RAY_CLUSTER_NAME,
+        TAG_RAY_FILE_MOUNTS_CONTENTS,
+        TAG_RAY_NODE_KIND,
+        TAG_RAY_NODE_STATUS,
+        TAG_RAY_RUNTIME_CONFIG,
+    )
 
     account = config["available_node_types"][config["head_node_type"]]["node_config"]["IamInstanceProfile"]["Arn"]
     instance = f"arn:aws:ec2:{config['provider']['region']}:{account.split(':')[4]}:instance/i-0123456789abcdef0"
     name = config["cluster_name"]
     [worker] = [t["node_config"] for n, t in config["available_node_types"].items() if n != config["head_node_type"]]
-    return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name,
+    assert '"ray-{}-worker".format(config["cluster_name"])' in _ray_source("node_launcher"), "Ray names workers anew"
+    return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"ec2:ResourceTag/{TAG_RAY_NODE_KIND}":
+                      NODE_KIND_WORKER, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name,
+                      f"aws:RequestTag/{TAG_RAY_NODE_KIND}": NODE_KIND_WORKER, "aws:RequestTag/Name": f"ray-{name}-worker",
+                      "aws:TagKeys": [TAG_RAY_NODE_STATUS, TAG_RAY_RUNTIME_CONFIG, TAG_RAY_FILE_MOUNTS_CONTENTS],
                       "ec2:InstanceType": worker["InstanceType"],
                       "ec2:InstanceProfile": worker["IamInstanceProfile"]["Arn"],
                       "ec2:MetadataHttpTokens": worker["MetadataOptions"]["HttpTokens"],
                       "ec2:MetadataHttpPutResponseHopLimit": worker["MetadataOptions"]["HttpPutResponseHopLimit"]}
+
+
+def _ray_source(module: str) -> str:
+    """A module of Ray's autoscaler, read as text."""
+    import ray.autoscaler
+
+    return (Path(ray.autoscaler.__file__).parent / "_private" / f"{module}.py").read_text()
 
 
 def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
@@ -158,16 +202,18 @@ def test_the_heads_ec2_rights_reach_only_its_own_clusters_instances():
     head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
     instance, ours = _instance_and_tags(config)
     assert '"Key": TAG_RAY_CLUSTER_NAME' in _ray_aws_source("node_provider"), "Ray no longer tags its nodes so"
-    theirs = {key: "another-team" for key in ours}
+    theirs = {key: "another-team" if "Tag/" in key else value for key, value in ours.items()}
     for action in ("ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances", "ec2:CreateTags",
-                   "ec2:DeleteTags", "ec2:RunInstances"):
+                   "ec2:RunInstances"):
         assert _allows(head, action, instance, ours), action
         assert not _allows(head, action, instance, theirs), f"{action} on another cluster's instance"
         assert not _allows(head, action, instance), f"{action} on an untagged instance"
     # A launch names its AMI, subnet, security group, interface, volume and key pair too; those carry no tag.
     region, account = instance.split(":")[3:5]
-    for resource in (f"arn:aws:ec2:{region}::image/ami-0abc", f"arn:aws:ec2:{region}:{account}:subnet/subnet-0abc",
-                     f"arn:aws:ec2:{region}:{account}:security-group/sg-0abc",
+    worker = next(t["node_config"] for n, t in config["available_node_types"].items() if n != config["head_node_type"])
+    for resource in (f"arn:aws:ec2:{region}::image/ami-0abc",
+                     f"arn:aws:ec2:{region}:{account}:subnet/{worker['SubnetIds'][0]}",
+                     f"arn:aws:ec2:{region}:{account}:security-group/{worker['SecurityGroupIds'][0]}",
                      f"arn:aws:ec2:{region}:{account}:network-interface/eni-0abc",
                      f"arn:aws:ec2:{region}:{account}:volume/vol-0abc",
                      f"arn:aws:ec2:{region}:{account}:key-pair/ray-autoscaler_1_{region}"):
@@ -209,7 +255,8 @@ def test_the_head_launches_only_this_clusters_workers_as_configured_and_passes_o
 
 
 def test_every_node_requires_imdsv2_one_hop_away():
-    """A session token for the metadata service, one hop: Ray's containers use the host's network (--net=host)."""
+    """A session token for the metadata service, one hop. Ray's containers use the host's network (--net=host), so
+    this keeps the role from a container on a bridge network only: a job holds it (the policies' tests)."""
     config = docs(DEPLOY / "cluster-aws.yaml")[0]
     from ray.autoscaler._private.docker import docker_start_cmds
 
@@ -227,8 +274,8 @@ def test_each_role_reaches_only_its_clusters_prefixes_and_reads_no_other_login()
     bucket = urllib.parse.urlsplit(wmt["train"]["storage_path"]).netloc
     for name in ("head", "worker"):
         policy = json.loads((DEPLOY / f"aws/ray-{name}-policy.json").read_text())
-        objects = [r for s in policy["Statement"] for r in _listed(s["Resource"]) if r.startswith("arn:aws:s3:::")
-                   and "/" in r]
+        objects = [r for s in policy["Statement"] if s["Effect"] == "Allow" for r in _listed(s["Resource"])
+                   if r.startswith("arn:aws:s3:::") and "/" in r]
         assert objects and all(r.startswith((f"arn:aws:s3:::{bucket}/{cluster}/", f"arn:aws:s3:::{bucket}/corpora/"))
                                and r.count("*") == 1 for r in objects), (name, objects)
         for key in ("other-team/runs/x/model.pt", f"{cluster}-b/runs/x", "mlflow-artifacts/1/model.bin", "x"):
@@ -240,3 +287,86 @@ def test_each_role_reaches_only_its_clusters_prefixes_and_reads_no_other_login()
         account = config["available_node_types"]["head"]["node_config"]["IamInstanceProfile"]["Arn"].split(":")[4]
         for parameter in ("/nmt/mlflow/server/admin-password", "/nmt/mlflow/promoter/password"):
             assert not _allows(policy, "ssm:GetParameter", f"arn:aws:ssm:{region}:{account}:parameter{parameter}")
+
+
+def _bucket_and_cluster(config: dict) -> tuple[str, str]:
+    wmt = yaml.safe_load((ROOT / "configs" / "wmt14_en_de.yaml").read_text())
+    return urllib.parse.urlsplit(wmt["train"]["storage_path"]).netloc, config["cluster_name"]
+
+
+def test_the_head_launches_workers_only_into_the_named_subnets_and_security_group():
+    """A job on the head holds the head's role: its launches go into the subnets and the security group that
+    cluster-aws.yaml names, as a worker of this cluster (type, profile, IMDSv2, the tags Ray gives a worker). IAM
+    has no condition on user data: what such a launch runs holds the worker's role, which launches nothing."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    worker_policy = json.loads((DEPLOY / "aws/ray-worker-policy.json").read_text())
+    instance, launch = _instance_and_tags(config)
+    region, account = instance.split(":")[3:5]
+    named = set()
+    for name, node_type in config["available_node_types"].items():
+        node = node_type["node_config"]
+        assert node.get("SubnetIds") and node.get("SecurityGroupIds"), f"{name}: Ray picks any subnet or makes a group"
+        named |= {f"arn:aws:ec2:{region}:{account}:subnet/{subnet}" for subnet in node["SubnetIds"]}
+        named |= {f"arn:aws:ec2:{region}:{account}:security-group/{group}" for group in node["SecurityGroupIds"]}
+    for resource in named:
+        assert _allows(head, "ec2:RunInstances", resource), resource
+    for resource in (f"arn:aws:ec2:{region}:{account}:subnet/subnet-0fedcba9876543210",
+                     f"arn:aws:ec2:{region}:{account}:security-group/sg-0fedcba9876543210"):
+        assert not _allows(head, "ec2:RunInstances", resource), f"a launch into {resource}"
+    assert not any(r.endswith(("subnet/*", "security-group/*")) for s in head["Statement"]
+                   for r in _listed(s.get("Resource", []))), "a launch into any subnet or security group"
+    # Tagged as Ray's node launcher tags a worker: not as the head (members' tunnel to the dashboard trusts that
+    # tag), not named as the MLflow server (theirs to MLflow trusts the name), not another cluster's.
+    for key, other in (("aws:RequestTag/ray-node-type", "head"), ("aws:RequestTag/Name", "nmt-mlflow"),
+                       ("aws:RequestTag/ray-cluster-name", "another-team")):
+        assert not _allows(head, "ec2:RunInstances", instance, {**launch, key: other}), (key, other)
+    assert not any(_allows(worker_policy, action, "*") for action in (
+        "ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole")), "the launched node's role"
+    assert "Every job holds its node's role" in header(DEPLOY / "cluster-aws.yaml")
+
+
+def test_the_head_stops_terminates_and_retags_only_this_clusters_workers_never_the_head():
+    """Ray's autoscaler stops and terminates workers only, and after a launch changes the status tags its updater
+    writes: a job with the head's role cannot take the head down, nor retag a node into the head or out of the
+    cluster (and then terminate or tunnel to it)."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    instance, worker = _instance_and_tags(config)
+    the_head = {**worker, "ec2:ResourceTag/ray-node-type": "head"}
+    for action in ("ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"):
+        assert _allows(head, action, instance, worker), action
+        assert not _allows(head, action, instance, the_head), f"{action} on the head"
+    import ray.autoscaler.tags as tags
+
+    updated = {getattr(tags, name) for name in re.findall(r"\bTAG_RAY_\w+", _ray_source("updater"))}
+    assert updated == set(worker["aws:TagKeys"]), f"Ray's updater now uses the tags {updated}"
+    assert _allows(head, "ec2:CreateTags", instance, worker)
+    for keys in (["ray-node-type"], ["Name"], ["ray-cluster-name"], ["ray-node-status", "ray-node-type"]):
+        assert not _allows(head, "ec2:CreateTags", instance, {**worker, "aws:TagKeys": keys}), keys
+    assert not _allows(head, "ec2:DeleteTags", instance, worker), "Ray deletes no tag"
+
+
+def test_node_roles_cannot_destroy_a_version_of_runs_or_data_and_the_bucket_keeps_them():
+    """Instance roles cannot tell members' jobs apart, so runs are kept recoverable: the bucket is versioned and
+    keeps replaced and deleted objects; the roles may delete (a marker: checkpoint rotation, `nmt prepare` replacing
+    stale data) but never a version, nor change versioning, the lifecycle or the bucket policy."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    bucket, cluster = _bucket_and_cluster(config)
+    for name in ("head", "worker"):
+        policy = json.loads((DEPLOY / f"aws/ray-{name}-policy.json").read_text())
+        for key in (f"{cluster}/runs/alice-run/checkpoint_000004/model.pt", f"{cluster}/prepared/wmt14/train-0.parquet"):
+            arn = f"arn:aws:s3:::{bucket}/{key}"
+            assert _allows(policy, "s3:PutObject", arn) and _allows(policy, "s3:DeleteObject", arn), (name, key)
+            assert _denies(policy, "s3:DeleteObjectVersion", arn), f"{name} destroys {key} for good"
+        for action in ("s3:PutBucketVersioning", "s3:PutLifecycleConfiguration", "s3:PutBucketPolicy",
+                       "s3:DeleteBucketPolicy", "s3:DeleteBucket"):
+            assert _denies(policy, action, f"arn:aws:s3:::{bucket}"), (name, action)
+    steps = header(DEPLOY / "cluster-aws.yaml")
+    assert "put-bucket-versioning --bucket YOUR-BUCKET --versioning-configuration Status=Enabled" in steps
+    assert "file://deploy/aws/bucket-lifecycle.json" in steps
+    [rule] = json.loads((DEPLOY / "aws/bucket-lifecycle.json").read_text())["Rules"]
+    assert rule["Status"] == "Enabled" and f"{cluster}/".startswith(rule["Filter"]["Prefix"]), rule
+    assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] >= 7, "too short to notice and restore a loss"
+    assert "Days" not in rule.get("Expiration", {}), "current objects must not expire"
+
