@@ -44,8 +44,8 @@ def test_every_file_parses_and_is_known():
         "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml", "kuberay/members.yaml",
         # the guides and the AWS MLflow server's files: tests/test_guide.py
         "kuberay/README.md", "aws/README.md", "aws/mlflow-server.sh", "aws/mlflow-server-policy.json",
-        # the bucket's lifecycle: tests/test_deploy_aws.py
-        "aws/bucket-lifecycle.json",
+        # the bucket's lifecycle and the members' policy: tests/test_deploy_aws.py
+        "aws/bucket-lifecycle.json", "aws/member-policy.json",
         # the tracking server's image and logins: tests/test_deploy_mlflow.py, tests/test_permissions.py
         "mlflow.Dockerfile", "mlflow_users.py", "tracking-server.md",
     }, "a new file here needs tests"

@@ -370,3 +370,45 @@ def test_node_roles_cannot_destroy_a_version_of_runs_or_data_and_the_bucket_keep
     assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] >= 7, "too short to notice and restore a loss"
     assert "Days" not in rule.get("Expiration", {}), "current objects must not expire"
 
+
+def test_members_may_only_port_forward_to_the_mlflow_server_and_the_ray_head():
+    """Session Manager as a member: AWS-StartPortForwardingSession to the MLflow instance (the UI) and to this
+    cluster's head (the dashboard), never a shell there (which reads the admin's and the database's passwords), an
+    SSH session, a forward to another host, a command, nor the project's secrets."""
+    config = docs(DEPLOY / "cluster-aws.yaml")[0]
+    member = json.loads((DEPLOY / "aws/member-policy.json").read_text())
+    instance, _ = _instance_and_tags(config)
+    region, account = instance.split(":")[3:5]
+    cluster = config["cluster_name"]
+    mlflow = {"ssm:resourceTag/Name": "nmt-mlflow", "ssm:SessionDocumentAccessCheck": "true"}
+    ray_head = {"ssm:resourceTag/ray-cluster-name": cluster, "ssm:resourceTag/ray-node-type": "head",
+                "ssm:SessionDocumentAccessCheck": "true"}
+
+    def document(name: str) -> str:
+        return f"arn:aws:ssm:{region}:{'' if name.startswith('AWS-') else account}:document/{name}"
+
+    def session(target: dict, name: str) -> bool:
+        """StartSession authorises the instance and the document: both must be allowed."""
+        return _allows(member, "ssm:StartSession", instance, target) and _allows(
+            member, "ssm:StartSession", document(name), target)
+
+    for target in (mlflow, ray_head):
+        assert session(target, "AWS-StartPortForwardingSession"), target
+        for name in ("SSM-SessionManagerRunShell", "AWS-StartSSHSession", "AWS-StartInteractiveCommand",
+                     "AWS-StartNonInteractiveCommand", "AWS-StartPortForwardingSessionToRemoteHost"):
+            assert not session(target, name), (target, name)
+            assert _denies(member, "ssm:StartSession", document(name), target), f"{name} despite another policy"
+    # No document named: Session Manager opens a shell, and with the access check asks for that document.
+    assert not _allows(member, "ssm:StartSession", document("SSM-SessionManagerRunShell"), mlflow)
+    for other in ({"ssm:resourceTag/Name": "ray-nmt-worker"}, {**ray_head, "ssm:resourceTag/ray-node-type": "worker"},
+                  {**ray_head, "ssm:resourceTag/ray-cluster-name": "another-team"}, {}):
+        assert not session(other, "AWS-StartPortForwardingSession"), other
+    for action in ("ssm:SendCommand", "ec2-instance-connect:SendSSHPublicKey", "ssm:StartAutomationExecution"):
+        assert _denies(member, action, instance), action
+    for parameter in ("/nmt/mlflow/server/admin-password", "/nmt/mlflow/password"):
+        assert _denies(member, "ssm:GetParameter", f"arn:aws:ssm:{region}:{account}:parameter{parameter}")
+    # The head runs the Session Manager agent, with no more of SSM than the agent needs (not AmazonSSMManagedInstance
+    # Core, whose ssm:GetParameter on every parameter would give jobs the MLflow admin's password).
+    head = json.loads((DEPLOY / "aws/ray-head-policy.json").read_text())
+    for action in ("ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:OpenDataChannel"):
+        assert _allows(head, action, "*"), action
