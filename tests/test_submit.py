@@ -336,3 +336,28 @@ def test_forwarded_variables_are_set_by_the_command_and_the_setup_hook_in_a_job_
     outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_clean_env(),
                              cwd=ROOT, timeout=60)
     assert outside.stderr.strip().splitlines()[-1] == "None None", outside.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_forwarded_secrets_leave_no_trace_in_the_job_record_or_on_the_cluster(cluster, tmp_path):
+    """Two jobs with the same secret: their records differ and hold nothing of it; once they end, no file of the
+    cluster's session (its nodes' runtime_env caches, logs) holds it either."""
+    value = secrets.token_hex(16)
+    env = {**cluster.env, "NMT_PROBE_SECRET": value, "RAY_AUTH_TOKEN": cluster.token}
+    command = ["--address", cluster.address, "--no-pip", "--follow", "--forward-env", "NMT_PROBE_SECRET", "--",
+               "prepare", "--set", "data.source=demo", "--set", "data.vocab_size=200",
+               "--set", "data.demo_sizes={train: 300, validation: 20, test: 20}",
+               "--set", f"data.output_dir={tmp_path / 'data'}"]
+    records = []
+    for _ in range(2):
+        result = _submit(command, env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "forwarded variables" not in result.stdout, result.stdout[-3000:]  # each node deleted its copy
+        job_id = next(line.split()[2] for line in result.stderr.splitlines() if "] job raysubmit_" in line
+                      and " submitted to " in line)
+        records.append(_job(cluster, job_id))
+    uris = [record["runtime_env"]["py_modules"][0] for record in records]
+    assert uris[0] != uris[1] and value not in json.dumps(records)
+    holding = subprocess.run(["grep", "-rl", "--binary-files=text", value, str(cluster.root / "ray")],
+                             capture_output=True, text=True).stdout.split()
+    assert not holding, holding
