@@ -312,10 +312,10 @@ def test_forwarded_variables_are_set_by_the_command_and_the_setup_hook_in_a_job_
 
     from pipeline.launch import job_env
 
-    package = job_env.write_package({"NMT_FORWARDED_PROBE": "value-42"}, tmp_path)
+    package = job_env.write_package({"NMT_FORWARDED_PROBE": "value-42", "NMT_STATE_KEY": "k" * 64}, tmp_path)
     assert oct(os.stat(package / job_env.VARIABLES_FILE).st_mode & 0o777) == "0o600"
     module, _, function = job_env.SETUP_HOOK.rpartition(".")
-    assert getattr(importlib.import_module(module), function) is job_env.apply  # the name Ray imports
+    assert getattr(importlib.import_module(module), function) is job_env.apply_in_worker  # the name Ray imports
     probe = textwrap.dedent("""
         import os, sys
         import pipeline
@@ -325,17 +325,17 @@ def test_forwarded_variables_are_set_by_the_command_and_the_setup_hook_in_a_job_
             main(["config", "--keys"])
         else:  # as a worker of the job: Ray calls the setup hook
             from pipeline.launch import job_env
-            job_env.apply()
-        print(before, os.environ.get("NMT_FORWARDED_PROBE"), file=sys.stderr)
+            job_env.apply_in_worker()
+        print(before, os.environ.get("NMT_FORWARDED_PROBE"), "NMT_STATE_KEY" in os.environ, file=sys.stderr)
     """)
     env = {**_clean_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}  # as Ray puts py_modules on the path
-    for args in ([], ["--by-the-command"]):
+    for args, key in (([], False), (["--by-the-command"], True)):  # a sweep's key: the driver's alone
         inside = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env,
                                 timeout=60)
-        assert inside.stderr.strip().splitlines()[-1] == "None value-42", inside.stderr[-2000:]
+        assert inside.stderr.strip().splitlines()[-1] == f"None value-42 {key}", inside.stderr[-2000:]
     outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_clean_env(),
                              cwd=ROOT, timeout=60)
-    assert outside.stderr.strip().splitlines()[-1] == "None None", outside.stderr[-2000:]
+    assert outside.stderr.strip().splitlines()[-1] == "None None False", outside.stderr[-2000:]
 
 
 @pytest.mark.slow

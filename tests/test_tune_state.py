@@ -201,6 +201,9 @@ def test_sweep_key_is_the_submitters_sent_apart_from_the_command(tmp_path, monke
     assert sent["variables"][state_seal.KEY_VARIABLE] == mine
     assert mine not in json.dumps({k: v for k, v in sent.items() if k != "variables"}) + out + err
     assert "sealed with your key" in err and "--resume must come from you, with the same key" in err, err
+    from pipeline.launch import job_env
+
+    assert state_seal.KEY_VARIABLE in job_env.DRIVER_ONLY  # set in the job's driver, in none of its workers
 
 
 def test_sweep_key_of_another_person_cannot_resume_the_sweep(tmp_path, monkeypatch, capsys):

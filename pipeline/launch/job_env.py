@@ -4,8 +4,9 @@ Ray shows a job's entrypoint, metadata and runtime_env env_vars to anyone who li
 SDK returns env_vars in clear. So forwarded variables travel as a tiny package in the job's
 runtime_env py_modules instead (uploaded like the working_dir, named by a content hash), and
 `apply()` sets them in every process of the job: `nmt` calls it first (the job's driver), and the
-job's runtime_env names it as Ray's worker_process_setup_hook, which every worker of the job (Tune
-trials, Ray Train's controller and workers) runs before its first task.
+job's runtime_env names `apply_in_worker` as Ray's worker_process_setup_hook, which every worker of
+the job (Tune trials, Ray Train's controller and workers) runs before its first task; a sweep's key
+is set in the driver alone.
 
 What stays: Ray names the package by a hash of its files, shown in the job's record, so a random
 file goes with the values (the name would otherwise let anyone who lists jobs test guesses of them
@@ -34,7 +35,8 @@ NONCE_FILE = "nonce"  # random: the package's name in the job record says nothin
 FORGET_S = 60.0  # how long a job's end waits for its nodes to delete their copies
 logger = log.get("submit")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SETUP_HOOK = f"{__name__}.apply"  # the job's worker_process_setup_hook
+SETUP_HOOK = f"{__name__}.apply_in_worker"  # the job's worker_process_setup_hook
+DRIVER_ONLY = ("NMT_STATE_KEY",)  # a sweep's key (tune/state_seal.py): the job's driver seals, no worker needs it
 
 
 def write_package(variables: dict[str, str], directory: Path) -> Path:
@@ -58,11 +60,17 @@ def unpacked() -> Path | None:
     return None
 
 
-def apply() -> None:
+def apply(driver: bool = True) -> None:
     """Set the forwarded variables in this process when it runs inside a submitted job; elsewhere do nothing."""
     package = unpacked()
     if package is not None:
-        os.environ.update(json.loads((package / VARIABLES_FILE).read_text()))
+        variables = json.loads((package / VARIABLES_FILE).read_text())
+        os.environ.update({name: value for name, value in variables.items() if driver or name not in DRIVER_ONLY})
+
+
+def apply_in_worker() -> None:
+    """The job's worker_process_setup_hook: apply(), without what only the job's driver uses."""
+    apply(driver=False)
 
 
 def delete_unpacked() -> bool:
