@@ -198,3 +198,14 @@ def test_demo_runs_its_sweep_on_the_cluster_given_like_train_and_tune(monkeypatc
     assert main(["demo"]) == 0
     assert [(c["address"], c["quick"], c["workdir"]) for c in calls] == [("ray://head:10001", True, "/tmp/w"),
                                                                          (None, False, None)]
+
+
+def test_a_dashboard_url_in_ray_address_is_a_line_saying_to_submit_or_unset_it(monkeypatch, capsys):
+    """The team guides export RAY_ADDRESS=http://...:8265 for `nmt submit`; a local command then says what to do."""
+    from pipeline.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    assert main(["prepare", "--config", "configs/demo.yaml", "--set", "data.output_dir=/nonexistent/x"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS is http://127.0.0.1:8265, a dashboard URL" in err and "env -u RAY_ADDRESS" in err, err
+    assert "Traceback" not in err

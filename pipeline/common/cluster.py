@@ -8,6 +8,7 @@ import re
 import sys
 
 from . import log
+from .errors import UserError
 
 logger = log.get("ray")
 # A line of Ray's C++ core that a worker printed, e.g. "[2026-12-02 13:51:42,566 E 23727 23759]
@@ -34,7 +35,13 @@ def ensure_ray(address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
+        given = "--address" if address else "RAY_ADDRESS"
         address = address or os.environ.get("RAY_ADDRESS") or None
+        if address and address.startswith(("http://", "https://")):
+            # The guides set RAY_ADDRESS to the dashboard's URL for `nmt submit`; ray.init takes no URL.
+            raise UserError(f"{given} is {address}, a dashboard URL, which `nmt submit` takes: submit the command "
+                            f"(nmt submit -- {' '.join(sys.argv[1:2]) or 'COMMAND'} ...), or run it on this machine "
+                            f"with `env -u RAY_ADDRESS nmt ...`; --address here is a Ray address (auto, HEAD:6379)")
         # Ray's own INFO lines drown our progress output; warnings and errors still show (`nmt -v`: all).
         context = ray.init(address=address, logging_level=logging.INFO if log.verbose() else logging.WARNING,
                            log_to_driver=True)

@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ EXCLUDES = [
 ]
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 TERMINAL = set(EXIT_CODES)
+LOST_AFTER_S = 60.0  # a job's status unanswered this long while following it: the cluster is gone, not slow
 logger = log.get("submit")
 NOT_AS_JOBS = {
     "submit": "a job cannot submit jobs",
@@ -253,8 +255,20 @@ async def _follow(jobs, job_id: str) -> tuple[str, str]:
             sys.stdout.flush()
     except RuntimeError as err:  # the log stream broke (head restarted, proxy timeout): wait for the status
         logger.warning(f"log stream ended early ({err}); waiting for the job to finish")
+    unanswered_since = None
     while True:
-        info = jobs.get_job_info(job_id)
+        try:
+            info = jobs.get_job_info(job_id)
+        except (OSError, RuntimeError) as err:  # no answer (requests' errors are OSErrors), or not this job (404)
+            unanswered_since = unanswered_since or time.monotonic()
+            if time.monotonic() - unanswered_since > LOST_AFTER_S:
+                raise UserError(f"the cluster has not answered about job {job_id} for {LOST_AFTER_S:.0f}s "
+                                f"({str(err).splitlines()[0][:200]}): its head restarted, or the tunnel to its "
+                                "dashboard closed; `ray job status` tells where the job stands, and a sweep goes on "
+                                "with the same command and --resume") from None
+            await asyncio.sleep(2.0)
+            continue
+        unanswered_since = None
         status = str(getattr(info.status, "value", info.status))
         if status in TERMINAL:
             return status, info.message or ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,18 +71,19 @@ def validation_pairs(data_path: str) -> tuple[list[str], list[str]]:
 
 
 def promote_candidates(target: TrackingTarget, name: str, data_path: str, experiment: str = "",
-                       device: str = "auto") -> list[Verdict]:
-    """Judge every candidate of `name` not judged yet, oldest first; the verdicts, in that order."""
+                       device: str = "auto") -> Iterator[Verdict]:
+    """Judge every candidate of `name` not judged yet, oldest first: each verdict as it is reached."""
     uri, client = target.uri, mlflow_client(target.uri)
     experiment = experiment_name(experiment, target.username)
     judged = _judged(client, experiment)
     pending = [run for run in registry.candidate_runs(uri, name) if run.info.run_id not in judged]
     if not pending:
-        return []
+        return
     sources, references = validation_pairs(data_path)
     logger.info(f"{len(pending)} candidate run(s) of {name} to score on {len(sources):,} {SPLIT} pairs of "
                 f"{data_path}")
-    return [_judge(target, experiment, name, run, data_path, sources, references, device) for run in pending]
+    for run in pending:
+        yield _judge(target, experiment, name, run, data_path, sources, references, device)
 
 
 def _judged(client, experiment: str) -> set[str]:
@@ -109,7 +111,6 @@ def _judge(target: TrackingTarget, experiment: str, name: str, run, data_path: s
         except (Rejected, UserError) as err:
             verdict = Verdict(run_id, user, None, None, claimed, str(err))
             promotion.end_tags[VERDICT_TAG] = f"rejected: {verdict.reason}"[:5000]
-            logger.warning(verdict.line(name))
             return verdict
         bleu = float(scores["bleu"])
         reports.log_metrics(promotion, {"val_bleu": bleu, "val_chrf": float(scores["chrf"])})
@@ -121,9 +122,7 @@ def _judge(target: TrackingTarget, experiment: str, name: str, run, data_path: s
         version = registry.create_version(target.uri, name, info.model_uri, info.model_id, promotion.id,
                                           version_tags)
         promotion.end_tags[VERDICT_TAG] = f"registered version {version}"
-    verdict = Verdict(run_id, user, version, bleu, claimed)
-    logger.info(verdict.line(name))
-    return verdict
+    return Verdict(run_id, user, version, bleu, claimed)
 
 
 def _claimed_bleu(run) -> str:

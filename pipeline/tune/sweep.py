@@ -7,6 +7,7 @@ TuneReportCallback and to the trial's MLflow child run through our own callback.
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import signal
@@ -84,6 +85,7 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     from ..data.manifest import load_manifest
 
     log.setup(setup.log_level)  # a Ray actor of its own: its trial's workers log at the driver's level
+    log.configure_libraries()  # and MLflow's own lines kept out of the sweep's output, as in the driver
     log.quiet_exit_in_finalizers()  # Tune ends the actor with a SIGTERM once the trial is done
     target = setup.target
     target.activate()  # a Ray actor of its own, with its node's environment: the driver's login goes with it
@@ -105,9 +107,24 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
                                     callbacks=[_validation_reports(),
                                                reports.report_callback(child, target, cfg.tracking.system_metrics_s)],
                                     init=setup.init)
-            trainer.fit()
+            _report_best(trainer.fit(), cfg.tune.metric, cfg.tune.mode)
     if problem:  # after the run has ended: Tune may stop the trial inside this report
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
+
+
+def _report_best(result, metric: str, mode: str) -> None:
+    """The trial's best kept checkpoint, told Tune once more as its trial ends.
+
+    A trial resumed after its sweep's driver was lost may have finished training before Tune saved its
+    last results: its Train run, restored finished, reports nothing new, and Tune would know no score.
+    """
+    from ray import tune
+    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
+
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if math.isfinite(m.get(metric, math.nan))]
+    if scored:
+        checkpoint, metrics = (max if mode == "max" else min)(scored, key=lambda cm: cm[1][metric])
+        tune.report({**Report.from_metrics(metrics).values, CHECKPOINT_PATH_KEY: checkpoint.path})
 
 
 def _check_state_api(cfg: Config) -> None:
