@@ -2,29 +2,37 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# A CPU build of torch by default (on this project's machines it comes from local disk in
-# seconds). GPU machines: make setup TORCH_SPEC=torch==2.13.0 TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# torch from PyPI by default: on Linux x86_64 that is the CUDA build (several GB) unless a CPU wheel is at
+# hand, as on this project's machines; tools/torch_choice.py says which before pip downloads anything.
+# A CPU-only laptop: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# GPU machines: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench lint browser docs-images data clean
+.PHONY: setup test test-fast rehearse demo bench lint browser docs-images data clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) tools/torch_choice.py "$(TORCH_SPEC)" $(TORCH_INDEX)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not rehearse" $(PYTEST_ARGS)
 
 # Everything but the tests marked slow (those that train, sweep or start servers): for iterating.
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not rehearse" $(PYTEST_ARGS)
+
+# The rehearsals of whole paths, each starting what it needs: the team's day from the guides' own text
+# (root: network namespaces; PostgreSQL's server; util-linux's script).
+rehearse: setup
+	$(PY) -m pytest -m rehearse $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/nmt demo

@@ -80,9 +80,12 @@ unset master_password
 # PGPASSWORD (libpq reads it), in no URI. Sizing as deploy/tracking-server.md says: one worker (the
 # t3.small's burst), its pool 20 (+60) connections to each database: at most 160, within what a
 # db.t4g.small allows (about 225); a login cached 60 s.
+# With workspaces on, every login keeps READ and only members of the nmt-creators role create
+# experiments and registered models (deploy/mlflow_users.py): the serving login creates nothing.
 cat > /etc/mlflow/basic_auth.ini <<EOF
 [mlflow]
 default_permission = READ
+grant_default_workspace_access = true
 database_uri = postgresql+psycopg://mlflow@$db_host:5432/mlflow_auth?sslmode=require
 admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
@@ -108,5 +111,5 @@ chown -R 10001:10001 /etc/mlflow
 # instance metadata service like the host does).
 docker run -d --name mlflow --restart unless-stopped --network host --user 10001:10001 \
     --env-file /etc/mlflow/env -v /etc/mlflow:/etc/mlflow:ro "$IMAGE" \
-    --host 0.0.0.0 --port 5000 --workers 1 --app-name basic-auth \
+    --host 0.0.0.0 --port 5000 --workers 1 --app-name basic-auth --enable-workspaces \
     --artifacts-destination "s3://$BUCKET/mlflow-artifacts" --allowed-hosts "$HOSTS"

@@ -77,6 +77,18 @@ def image_command(dockerfile: Path) -> tuple[list[str], list[str]]:
     return entrypoint, cmd
 
 
+def image_user(dockerfile: Path) -> str:
+    """The USER the Dockerfile's last stage runs as ("" for root)."""
+    user = ""
+    for line in dockerfile.read_text(encoding="utf-8").replace("\\\n", " ").splitlines():
+        keyword, _, value = line.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            user = ""
+        elif keyword.upper() == "USER":
+            user = value.strip()
+    return user
+
+
 def dockerfile_of(image: str) -> Path:
     """The project's Dockerfile an image reference was built from (REGISTRY/name:tag)."""
     name = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
@@ -85,9 +97,12 @@ def dockerfile_of(image: str) -> Path:
     return DOCKERFILES[name]
 
 
-def command_of(run: Run) -> list[str]:
-    """The command the container runs: --entrypoint or ENTRYPOINT, then the arguments or else CMD."""
-    entrypoint, cmd = image_command(dockerfile_of(run.image))
+def command_of(run: Run, image: tuple[list[str], list[str]] | None = None) -> list[str]:
+    """The command the container runs: --entrypoint or ENTRYPOINT, then the arguments or else CMD.
+
+    image: (ENTRYPOINT, CMD) as built; by default those of the project's Dockerfile for run.image.
+    """
+    entrypoint, cmd = image or image_command(dockerfile_of(run.image))
     if run.has("--entrypoint"):
         entrypoint, cmd = [run.values("--entrypoint")[-1]], []
     command = [*entrypoint, *(run.args or cmd)]
