@@ -102,10 +102,11 @@ def test_versions_agree_ray_cuda_torch_mlflow():
         assert spec["rayVersion"] == args["RAY_VERSION"], where
     # The torch build of the Makefile's GPU instructions, from the index of the image's CUDA.
     makefile = (ROOT / "Makefile").read_text()
-    gpu = re.search(r"GPU machines: make setup TORCH_SPEC=torch==(\S+) TORCH_INDEX=(\S+)", makefile)
-    assert gpu, "the Makefile's GPU instructions moved: update this test"
-    assert args["TORCH_VERSION"] == gpu.group(1)
-    assert gpu.group(2) == f"https://download.pytorch.org/whl/{args['CUDA_TAG']}"
+    gpu = re.search(r"GPU machines: make setup TORCH_INDEX=(\S+)", makefile)
+    torch_spec = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", makefile, re.M)
+    assert gpu and torch_spec, "the Makefile's GPU instructions moved: update this test"
+    assert args["TORCH_VERSION"] == torch_spec.group(1)
+    assert gpu.group(1) == f"https://download.pytorch.org/whl/{args['CUDA_TAG']}"
     assert '"torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${CUDA_TAG}"' in dockerfile
     assert "-c /tmp/pins.txt -e ." in dockerfile, "the project's install must not replace Ray or torch"
     # The MLflow server speaks the same release series as the client the project is tested with.

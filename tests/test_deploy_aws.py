@@ -180,7 +180,8 @@ def _instance_and_tags(config: dict) -> tuple[str, dict]:
     assert '"ray-{}-worker".format(config["cluster_name"])' in _ray_source("node_launcher"), "Ray names workers anew"
     return instance, {f"ec2:ResourceTag/{TAG_RAY_CLUSTER_NAME}": name, f"ec2:ResourceTag/{TAG_RAY_NODE_KIND}":
                       NODE_KIND_WORKER, f"aws:RequestTag/{TAG_RAY_CLUSTER_NAME}": name,
-                      f"aws:RequestTag/{TAG_RAY_NODE_KIND}": NODE_KIND_WORKER, "aws:RequestTag/Name": f"ray-{name}-worker",
+                      f"aws:RequestTag/{TAG_RAY_NODE_KIND}": NODE_KIND_WORKER,
+                      "aws:RequestTag/Name": f"ray-{name}-worker",
                       "aws:TagKeys": [TAG_RAY_NODE_STATUS, TAG_RAY_RUNTIME_CONFIG, TAG_RAY_FILE_MOUNTS_CONTENTS],
                       "ec2:InstanceType": worker["InstanceType"],
                       "ec2:InstanceProfile": worker["IamInstanceProfile"]["Arn"],
@@ -355,7 +356,8 @@ def test_node_roles_cannot_destroy_a_version_of_runs_or_data_and_the_bucket_keep
     bucket, cluster = _bucket_and_cluster(config)
     for name in ("head", "worker"):
         policy = json.loads((DEPLOY / f"aws/ray-{name}-policy.json").read_text())
-        for key in (f"{cluster}/runs/alice-run/checkpoint_000004/model.pt", f"{cluster}/prepared/wmt14/train-0.parquet"):
+        for key in (f"{cluster}/runs/alice-run/checkpoint_000004/model.pt",
+                    f"{cluster}/prepared/wmt14/train-0.parquet"):
             arn = f"arn:aws:s3:::{bucket}/{key}"
             assert _allows(policy, "s3:PutObject", arn) and _allows(policy, "s3:DeleteObject", arn), (name, key)
             assert _denies(policy, "s3:DeleteObjectVersion", arn), f"{name} destroys {key} for good"

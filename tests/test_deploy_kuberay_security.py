@@ -386,7 +386,8 @@ def _member_grants() -> set[tuple[str, str, str, str]]:
     grants = set()
     for path, binding in by_kind("RoleBinding"):
         assert binding["roleRef"]["kind"] == "Role", f"{path.name}: a ClusterRole's rules reach every namespace"
-        assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "nmt-members"}]
+        members = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "nmt-members"}
+        assert binding["subjects"] == [members]
         for rule in roles[(namespace(binding), binding["roleRef"]["name"])]["rules"]:
             assert rule.get("resourceNames"), f"{path.name}: {rule} grants every object of its kind, not some by name"
             assert rule["apiGroups"] == [""] and not {"*", "list", "watch"} & set(rule["verbs"]), rule

@@ -80,7 +80,8 @@ def test_mlflow_server_manifest_runs_on_postgresql_with_logins_and_object_storag
     # A worker answers up to 40 requests at once (its thread pool), and MLflow's log_batch holds two connections:
     # a smaller pool deadlocks under a burst, every request waiting for a connection the others hold.
     assert per_engine >= 2 * 40, per_engine
-    assert replicas >= 2 and deployment["spec"]["updateStrategy"]["type"] == "RollingUpdate", "one restarting, one serving"
+    rolling = deployment["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert replicas >= 2 and rolling, "one restarting, one serving"
     service = defined[("Service", "mlflow", "mlflow")]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP", "MLflow stays inside the cluster"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
