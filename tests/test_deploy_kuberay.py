@@ -356,3 +356,14 @@ def test_rayservice_has_the_gpus_its_replicas_ask_for():
 
 
 # ---- locked down for a shared Kubernetes cluster ----
+
+
+def test_the_spot_group_takes_spot_nodes_of_gke_eks_and_aks_not_gke_alone():
+    (cluster,) = [d for _, d in by_kind("RayCluster")]
+    (spot,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu-spot"]
+    pod = spot["template"]["spec"]
+    assert "nodeSelector" not in pod, "a nodeSelector names one cloud's label: the others' spot nodes never match"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"] for term in terms for e in term["matchExpressions"]}
+    assert {"cloud.google.com/gke-spot", "eks.amazonaws.com/capacityType", "kubernetes.azure.com/scalesetpriority"} \
+        == keys
