@@ -163,3 +163,12 @@ def test_the_suite_figures_in_the_docs_are_those_of_the_committed_test_run():
     testing = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
     count = re.search(r"make test +# all (\d+) \((\d+) of them need a GPU", testing)
     assert count and int(count[1]) == passed + skipped and int(count[2]) <= skipped, (count, passed, skipped)
+
+
+def test_the_docs_read_in_an_afternoon():
+    """The README under 1,400 words, each platform guide under 2,500, no other page over 3,000 (as wc -w counts)."""
+    limits = {ROOT / "README.md": 1400, ROOT / "deploy/aws/README.md": 2500, ROOT / "deploy/kuberay/README.md": 2500}
+    pages = [*limits, *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "deploy").rglob("*.md"))]
+    too_long = {str(page.relative_to(ROOT)): words for page in dict.fromkeys(pages)
+                if (words := len(page.read_text(encoding="utf-8").split())) >= limits.get(page, 3001)}
+    assert not too_long, f"pages at or over their limit (README 1,400, platform guides 2,500, others 3,000): {too_long}"
