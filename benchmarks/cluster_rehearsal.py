@@ -10,8 +10,9 @@ person. From a "laptop" directory that sees no node's files, through the dashboa
 local store refused; prepare; train on 2 nodes, one of which is killed once a checkpoint is
 registered and replaced by a new node; a 1-trial tune. Their models are candidates the person's
 login may not register: `nmt promote`, run on the laptop with the promoting login (never in a job),
-registers them and moves @champion; an evaluation job scores it; then `serve deploy` of the
-champion (the nodes' read-only serving login) and one request to it.
+scores each on the prepared validation split, registers a copy and moves @champion; an evaluation
+job scores it; then `serve deploy` of the champion (the nodes' read-only serving login) and one
+request to it.
 
     python benchmarks/cluster_rehearsal.py [--out result.json] [--keep DIR]
 
@@ -120,12 +121,16 @@ def run(rehearsal: Rehearsal) -> dict:
     tuned = r.submit("tune", tune)
     out["tune"] = {"exit": tuned.returncode, "job": job_id(tuned), "tail": output(tuned)[-2000:]}
 
-    # 3. The champion: the candidates registered and decided by the promoting login on the laptop, then
+    # 3. The champion: each candidate scored by the promoting login on the laptop (the validation split of the
+    # data prepared on S3, read with the promoter's own AWS login), a copy registered, the best crowned; then
     # version 1 (the training run's) promoted by hand, and scored on the prepared test split by a job.
     login = {"MLFLOW_TRACKING_URI": r.mlflow, "MLFLOW_TRACKING_USERNAME": "promoter",
-             "MLFLOW_TRACKING_PASSWORD": r.promoter_password}
+             "MLFLOW_TRACKING_PASSWORD": r.promoter_password, **r.aws}
+    data = ["--config", str(ROOT / "configs" / "demo.yaml"),  # its runs go to the promoter's own experiment
+            *[x for s in SMALL if not s.startswith("tracking.experiment=") for x in ("--set", s)],
+            "--set", f"data.output_dir=s3://{BUCKET}/prepared"]
     promote = [sys.executable, "-m", "pipeline", "promote", "--name", MODEL]
-    decided = r.laptop(promote, timeout_s=300, **login)
+    decided = r.laptop([*promote, *data], timeout_s=300, **login)
     by_hand = r.laptop([*promote, "1"], timeout_s=300, **login)
     out["promote"] = {"exit": decided.returncode or by_hand.returncode, "decided": decided.stdout[-800:],
                       "by_hand": by_hand.stdout[-300:], "tail": (decided.stderr + by_hand.stderr)[-1500:]}
