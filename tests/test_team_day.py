@@ -176,8 +176,13 @@ def test_team_day_from_an_empty_account_to_a_served_champion(day):
     assert versions == []
     owned = day.mlflow("bob", "print(json.dumps([m.name for m in c.search_registered_models()]))")
     assert set(owned) <= {MODEL, "transformer-nmt-wmt14-en-de"}  # the admin's, made for the promoter
-    # Each member sees the runs in the UI through their own tunnel, logged in as themselves.
+    # Each member opens the UI through their own tunnel, logged in as themselves, and sees both members' runs.
     for who in ("alice", "bob"):
+        page = day.mlflow(who, "import base64, os, urllib.request as u; login = base64.b64encode(f\"{os.environ["
+                               "'MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}\".encode()); "
+                               "r = u.urlopen(u.Request('http://127.0.0.1:5000/', headers={'Authorization': "
+                               "b'Basic ' + login}), timeout=30); print(json.dumps([r.status, r.read().decode()]))")
+        assert page[0] == 200 and "<title>MLflow" in page[1], (who, page[0], page[1][:300])
         names = day.mlflow(who, "print(json.dumps(sorted({e.name for e in c.search_experiments() "
                                 "if c.search_runs([e.experiment_id])})))")
         assert {"transformer-nmt-alice", "transformer-nmt-bob"} <= set(names), (who, names)

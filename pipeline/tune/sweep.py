@@ -107,23 +107,24 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
                                     callbacks=[_validation_reports(),
                                                reports.report_callback(child, target, cfg.tracking.system_metrics_s)],
                                     init=setup.init)
-            _report_best(trainer.fit(), cfg.tune.metric, cfg.tune.mode)
+            _report_last(trainer.fit(), cfg.tune.metric)
     if problem:  # after the run has ended: Tune may stop the trial inside this report
         tune.report({"val_bleu": 0.0, "step": 0, "rejected": problem})
 
 
-def _report_best(result, metric: str, mode: str) -> None:
-    """The trial's best kept checkpoint, told Tune once more as its trial ends.
+def _report_last(result, metric: str) -> None:
+    """The trial's last kept checkpoint, told Tune once more as its trial ends.
 
     A trial resumed after its sweep's driver was lost may have finished training before Tune saved its
     last results: its Train run, restored finished, reports nothing new, and Tune would know no score.
+    The last one, so that the trial ends where it did (the best is among the results it reported).
     """
     from ray import tune
     from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if math.isfinite(m.get(metric, math.nan))]
     if scored:
-        checkpoint, metrics = (max if mode == "max" else min)(scored, key=lambda cm: cm[1][metric])
+        checkpoint, metrics = max(scored, key=lambda cm: cm[1].get("step", 0))
         tune.report({**Report.from_metrics(metrics).values, CHECKPOINT_PATH_KEY: checkpoint.path})
 
 
