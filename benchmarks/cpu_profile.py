@@ -3,9 +3,8 @@
     python benchmarks/cpu_profile.py [--interval 1] [--json OUT] -- make test
 
 Each sample adds a process's new CPU time to what it is at that moment: a Ray worker counts as
-`ray::IDLE` while it starts and imports, then as its actor (`ray::TrainController`, ...). A process in
-the idle scheduling class (SCHED_IDLE: it runs only on cycles nothing else wants) has `[idle]` after its
-kind. Processes that live shorter than the interval are missed. Linux only.
+`ray::IDLE` while it starts and imports, then as its actor (`ray::TrainController`, ...). Processes that
+live shorter than the interval are missed. Linux only.
 """
 
 from __future__ import annotations
@@ -63,8 +62,6 @@ def sample(seen: dict, totals: collections.Counter, bucket: collections.Counter,
         cpu = (int(fields[11]) + int(fields[12])) / TICK
         key = (pid, fields[19])  # the start time tells a reused pid apart
         name = kind([a for a in argv if a], stat[stat.index("(") + 1: stat.rindex(")")])
-        if int(fields[38]) == os.SCHED_IDLE:  # stat's field 41, the scheduling policy
-            name += " [idle]"
         before = seen.get(key, cpu if first else 0.0)
         seen[key] = cpu
         if cpu > before:
@@ -92,8 +89,6 @@ def main() -> int:
     cores = os.cpu_count() or 1
     print(f"{wall:.0f} s, the machine busy {busy:.0f} CPU-seconds ({busy / wall / cores:.0%} of {cores} cores), "
           f"{sum(totals.values()):.0f} of them seen in processes:", file=sys.stderr)
-    idle = sum(seconds for name, seconds in totals.items() if name.endswith(" [idle]"))
-    print(f"{idle:.0f} CPU-seconds in the idle scheduling class", file=sys.stderr)
     for name, seconds in totals.most_common(30):
         print(f"{seconds:8.1f}  {name}", file=sys.stderr)
     if args.json:

@@ -23,8 +23,7 @@ from test_model_training import REVERSE_FLOOR, reverse_exact_match  # noqa: E402
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; make test trains on one "
-                                                    "while its background lane runs)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's, as make test trains)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # (deploy/mlflow_users.py) are the benchmarks' and the deployment's own.
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
 import servers  # noqa: E402
-from lane import Lane  # noqa: E402
 from servers import MlflowServer, PostgresCluster, free_port  # noqa: E402,F401 (tests import free_port from here)
 
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
@@ -30,12 +29,7 @@ def _cuda_test_device() -> str:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items):
-    """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast);
-    order the modules: those without slow tests, the `light` slow ones, the other slow ones, those with a
-    background job.
-
-    The fast tests and the light ones keep about one core busy; the background lane's jobs use the other.
-    """
+    """Skip `cuda` tests without a GPU; refuse a heavy-fixture test without the slow mark (test-fast stays fast)."""
     cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
     if cuda_tests and _cuda_test_device() == "cuda":
         import torch
@@ -45,63 +39,10 @@ def pytest_collection_modifyitems(items):
             for item in cuda_tests:
                 item.add_marker(skip)
     unmarked = [item.nodeid for item in items
-                if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
+                if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")
+                and not item.get_closest_marker("rehearse")]
     if unmarked:
         raise pytest.UsageError(f"mark these tests @pytest.mark.slow (they use {sorted(HEAVY_FIXTURES)}): {unmarked}")
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    light_modules = {item.module.__name__ for item in items if item.get_closest_marker("light")}
-
-    def group(item) -> int:
-        name = item.module.__name__
-        if hasattr(item.module, "background_job"):
-            return 3
-        return 0 if name not in slow_modules else 1 if name in light_modules else 2
-
-    items[:] = sorted(items, key=group)  # stable: pytest's order within each group
-
-
-# Modules with a `background_job` (see tests/lane.py) have their command started once collection ends.
-LANE = Lane()
-
-
-def pytest_collection_finish(session):
-    """Start the lane with the jobs of the selected modules (not for --collect-only)."""
-    if session.config.option.collectonly:
-        return
-    for module in dict.fromkeys(item.module for item in session.items if hasattr(item.module, "background_job")):
-        LANE.add(module.__name__, module.background_job)
-    LANE.start()
-
-
-def pytest_terminal_summary(terminalreporter):
-    """How long each background job ran: the durations above show only the wait for it."""
-    for name, outcome in LANE.finished().items():
-        terminalreporter.write_line(f"background lane: {name} ran {outcome.seconds:.1f}s (exit {outcome.returncode})")
-
-
-def pytest_sessionfinish(session):
-    """Stop a lane job still running (an interrupted session) and remove the lane's directories."""
-    LANE.stop()
-
-
-@pytest.fixture(scope="session")
-def lane() -> Lane:
-    """The session's background lane: `lane.result(module.__name__)` waits for a module's job."""
-    return LANE
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread_while_the_lane_runs():
-    """Torch in this process uses one thread while a background job runs (not for an idle job, which yields).
-    With two threads on cores the job also uses, each parallel region waits for its slower thread: the reversal
-    test took 104 s beside the rehearsal, against 19 s alone."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if LANE.running():
-        torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

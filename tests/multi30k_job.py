@@ -1,11 +1,8 @@
-"""The work of tests/test_multi30k.py, run by the background lane: prepare a Multi30k subset, train a few
+"""The work of tests/test_multi30k.py, a script of its own: prepare a Multi30k subset, train a few
 hundred updates in this process, then decode test2016 with our beam search, the reference search and the
 CTranslate2 export. It writes the figures the test asserts on to WORKDIR/result.json.
 
     python tests/multi30k_job.py MULTI30K_DIR WORKDIR
-
-Preparing starts a local Ray; once it is shut down, the job lowers its priority (tests/idle.py), so the
-training and decoding take only the cycles the tests leave free.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import sacrebleu  # noqa: E402
 import torch  # noqa: E402
-from idle import lower_to_idle  # noqa: E402
 from reference_search import reference_beam_search  # noqa: E402
 
 from model import TransformerConfig, beam_search  # noqa: E402
@@ -101,8 +97,6 @@ def main(multi30k: Path, workdir: Path) -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     manifest = prepare(cfg.data)
     ray.shutdown()
-    lower_to_idle()
-    torch.set_num_threads(1)  # one thread: a parallel region would wait for a thread the tests preempt
     runs = workdir / "runs"
     train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, TorchrunContext(str(runs)))
     last = checkpoint.load(sorted(runs.glob("checkpoint_*"))[-1])

@@ -11,7 +11,7 @@ import pytest
 from commands import nmt
 from small import ROOT, SMALL
 
-pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_a_wrong_password_is_one_line_naming_the_server_and_nothing_starts(mlflow_auth_server, tmp_path):

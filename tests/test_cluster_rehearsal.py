@@ -2,9 +2,8 @@
 namespaces of their own, S3 the only storage they share, an MLflow server on PostgreSQL with a login per
 person, and every step submitted from a laptop directory through the dashboard at 127.0.0.1.
 
-The script runs once, in the session's background lane (tests/lane.py) from the start of the session (about
-3 minutes on 2 cores, beside the fast tests); the tests, run last, read what it did, the servers' records and
-the files it left.
+The script runs once for the module (about 3.5 minutes on 2 cores, in `make rehearse`); the tests read what
+it did, the servers' records and the files it left.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from lane import Job
 from logs import leaks
+from scripts import script_run
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(900)]
 MODEL = "transformer-nmt-demo-en-de"
 
 
@@ -32,31 +31,27 @@ def _unable() -> str | None:
     return None
 
 
-def background_job(workdir: Path) -> Job:
-    """The rehearsal script, started with the session in the background lane (it shares nothing with it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "RAY_"))}
-    argv = [sys.executable, str(ROOT / "benchmarks" / "cluster_rehearsal.py"), "--keep", str(workdir),
+def _argv(workdir: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "cluster_rehearsal.py"), "--keep", str(workdir),
             "--out", str(workdir / "result.json")]
-    if _unable():
-        argv = [sys.executable, "-c", "pass"]  # the fixture skips (or fails under CI) with the reason
-    return Job(argv, ROOT, env, timeout_s=840)
 
 
 @pytest.fixture(scope="module")
-def rehearsal(lane):
-    """The rehearsal's JSON, and its directory (short: Ray's socket paths must stay under 107 bytes)."""
+def rehearsal():
+    """The rehearsal's JSON, and its directory."""
     message = _unable()
     if message:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    outcome = lane.result(__name__)
-    root = outcome.workdir
-    if outcome.returncode != 0:
-        outputs = {p.name: p.read_text(errors="replace")[-1500:] for p in root.glob("*.out")}
-        pytest.fail(f"the rehearsal failed ({outcome.returncode}): {outcome.stderr[-3000:]}\n{outputs}")
-    print(f"the rehearsal ran in the background lane for {outcome.seconds} s")
-    return json.loads((root / "result.json").read_text()), root
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "RAY_"))}
+    with script_run("cluster", _argv, env, timeout_s=840) as outcome:
+        root = outcome.workdir
+        if outcome.returncode != 0:
+            outputs = {p.name: p.read_text(errors="replace")[-1500:] for p in root.glob("*.out")}
+            pytest.fail(f"the rehearsal failed ({outcome.returncode}): {outcome.stderr[-3000:]}\n{outputs}")
+        print(f"the rehearsal ran for {outcome.seconds} s")
+        yield json.loads((root / "result.json").read_text()), root
 
 
 def test_submit_through_a_tunnel_refuses_a_local_tracking_store(rehearsal):

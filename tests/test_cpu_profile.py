@@ -27,16 +27,6 @@ def test_a_busy_child_is_counted_under_its_kind_and_the_exit_status_passes_throu
     assert "python -c" in done.stderr and not list(tmp_path.glob("*.partial"))
 
 
-def test_a_child_in_the_idle_scheduling_class_is_counted_apart(tmp_path):
-    out = tmp_path / "profile.json"
-    done = run_profiler("--interval", "0.1", "--json", str(out), "--",
-                        sys.executable, str(ROOT / "tests" / "idle.py"), sys.executable, "-c", BUSY)
-    assert done.returncode == 0, done.stderr
-    by_kind = json.loads(out.read_text())["by_kind"]
-    assert by_kind["python -c [idle]"] >= 0.8 and "python -c" not in by_kind, by_kind
-    assert "CPU-seconds in the idle scheduling class" in done.stderr
-
-
 def test_without_a_command_it_says_how_to_name_one():
     done = run_profiler()
     assert done.returncode == 2 and "name the command to run after --" in done.stderr

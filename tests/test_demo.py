@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(1500)]
 README = Path(__file__).resolve().parents[1] / "README.md"
 CHAMPION = "models:/transformer-nmt-demo-en-de@champion"
 

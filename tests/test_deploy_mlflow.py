@@ -28,7 +28,6 @@ from deploy_files import (
     mlflow_container,
 )
 
-pytestmark = pytest.mark.light  # its slow test waits on a server: it runs beside the background lane
 SERVICE_DB = "mlflow@mlflow-postgres.mlflow.svc.cluster.local:5432"
 
 

@@ -1,8 +1,7 @@
 """benchmarks/gpu_check.sh --device cpu --quick: every step of the prepared GPU run, small, on the CPU.
 
-The script needs nothing from the session (it prepares its own small corpus on a Ray of its own first), so it
-is an idle job of the session's background lane (tests/lane.py): once the corpus is prepared, it runs on the
-cycles the tests leave free. The test reads what it left.
+The script needs nothing from the session (it prepares its own small corpus on a Ray of its own first): it
+runs once, in `make rehearse`, and the test reads what it left.
 """
 
 import json
@@ -12,30 +11,34 @@ import sys
 from pathlib import Path
 
 import pytest
-from lane import Job
+from scripts import script_run
 from small import SMALL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def background_job(workdir: Path) -> Job:
-    """`nmt prepare` of the small corpus (a local Ray of its own), then the check on the CPU at idle priority."""
+def _argv(workdir: Path) -> list[str]:
+    """`nmt prepare` of the small corpus (a local Ray of its own), then the check on the CPU."""
     data_sets = [s for s in SMALL if s.startswith("data.")] + [f"data.output_dir={workdir / 'data'}"]
     prepare = [sys.executable, "-m", "pipeline", "prepare", "--address", "local", "--config", "configs/demo.yaml",
                *(arg for item in data_sets for arg in ("--set", item))]
-    check = [sys.executable, str(ROOT / "tests" / "idle.py"), "bash", str(ROOT / "benchmarks" / "gpu_check.sh"),
-             str(workdir / "out")]
-    # exec: the check leads the job's session, as idle.py needs; the corpus's directory is named by its content
+    check = ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(workdir / "out")]
+    # the corpus's directory is named by its content
     script = (f"set -e; {shlex.join(prepare)}; "
               f"exec {shlex.join(check)} \"$(ls -d {shlex.quote(str(workdir / 'data'))}/demo-en-de-*)\" "
-              "--device cpu --quick --deadline 3000")
+              "--device cpu --quick --deadline 1400")
+    return ["bash", "-c", script]
+
+
+@pytest.fixture(scope="module")
+def outcome():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}  # the suite's interpreter, not PATH's
-    return Job(["bash", "-c", script], ROOT, env, timeout_s=1500, idle=True)
+    with script_run("gpu", _argv, env, timeout_s=1500) as ran:
+        yield ran
 
 
-def test_the_gpu_check_runs_every_step_small_on_a_cpu(lane):
-    outcome = lane.result(__name__)
+def test_the_gpu_check_runs_every_step_small_on_a_cpu(outcome):
     out = outcome.workdir / "out"
     log = (out / "gpu_check.log").read_text()[-6000:] if (out / "gpu_check.log").exists() else ""
     assert outcome.returncode == 0, (outcome.stderr[-3000:], log)

@@ -18,7 +18,7 @@ from pipeline.text.translator import Translator
 from pipeline.track import champion as champion_rule
 from pipeline.track import registry, tracking
 
-pytestmark = [pytest.mark.slow, pytest.mark.light]
+pytestmark = [pytest.mark.slow]
 
 EXAMPLES = ["a small dog runs .", "the woman sees two red houses ."]
 

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 from stores import sqlite_uri
 
-pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_mlflow_run_of_the_train_entry_point_trains_into_the_run_mlflow_made(ray_session, tmp_path):

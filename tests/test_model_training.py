@@ -130,9 +130,9 @@ def _reverse_batch(gen, batch, vocab):
 
 
 # Seeds spread more than CPUs do: `python benchmarks/reverse_seeds.py` gave 0.94 to 1.0 over seeds 0-7 on
-# two threads of a 2-core machine of this project's kind, 0.935 to 1.0 on one (as in `make test`, beside its
-# lane); seed 0, the test's: 1.0 and 0.955 there, 0.985 on two threads of a host with AMX. The floor sits
-# under the lowest seed; an untrained model scores 0.
+# two threads of a 2-core machine of this project's kind (as `make test` trains it), 0.935 to 1.0 on one;
+# seed 0, the test's: 1.0 and 0.955 there, 0.985 on two threads of a host with AMX. The floor sits under the
+# lowest seed; an untrained model scores 0.
 REVERSE_FLOOR = 0.90
 
 

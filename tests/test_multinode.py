@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.light]
+pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 

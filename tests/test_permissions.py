@@ -20,7 +20,7 @@ from small import ROOT, small_config
 from pipeline.common.errors import UserError
 from pipeline.track import champion, registry, tracking
 
-pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def login(server, name: str) -> dict[str, str | None]:

@@ -18,7 +18,7 @@ from small import ROOT, SMALL, data_dir
 
 from pipeline.common.messages import Report
 
-pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def ray_session_logs(ray) -> Path:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.light, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PREFIX = ""  # `nmt serve` serves at the root
 SENTENCES = ["the dog sees the cat .", "a small child plays in the garden ."]
 
@@ -262,7 +262,7 @@ def _replica_rss(app_name: str) -> int:
     import ray
     from ray.util.state import list_actors
 
-    # The session's cluster by name: the background lane's clusters run on this machine too, and without an
+    # The session's cluster by name: other clusters may run on this machine too, and without an
     # address Ray's State API asks the newest one.
     (actor,) = [a for a in list_actors(address=ray.get_runtime_context().gcs_address,
                                        filters=[("state", "=", "ALIVE")], limit=1000)

@@ -1,8 +1,7 @@
 """Training on spot nodes, rehearsed on real Ray nodes (benchmarks/spot_rehearsal.py): a preemption notice
 becomes a checkpoint before the deadline, the run shrinks to the worker that is left and grows back to two.
 
-The scenario has its own Ray nodes, S3 server and MLflow store, so it runs in the session's background lane
-(tests/lane.py), beside the tests that leave a core free; the test, run last, reads its figures.
+The scenario has its own Ray nodes, S3 server and MLflow store: it runs once for the module, in `make rehearse`.
 """
 
 from __future__ import annotations
@@ -13,29 +12,28 @@ import sys
 from pathlib import Path
 
 import pytest
-from lane import Job
+from scripts import script_run
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(900)]
 DEADLINE_S = 10  # half the benchmark's: the checkpoint is stored within about 5 s of the notice
 
 
-def background_job(workdir: Path) -> Job:
+def _argv(workdir: Path) -> list[str]:
     """The notice scenario alone, with a local S3 server of its own (not the session's)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
-    argv = [sys.executable, str(ROOT / "benchmarks" / "spot_rehearsal.py"), "--scenarios", "notice",
+    return [sys.executable, str(ROOT / "benchmarks" / "spot_rehearsal.py"), "--scenarios", "notice",
             "--deadline-s", str(DEADLINE_S), "--out", str(workdir)]
-    return Job(argv, ROOT, env, timeout_s=700)
 
 
 @pytest.fixture(scope="module")
-def result(lane):
+def result():
     """The notice scenario's figures: its metric histories, tags, and the times of the drain."""
-    outcome = lane.result(__name__)
-    logs = {p.name: p.read_text(errors="replace")[-3000:] for p in outcome.workdir.glob("*.log")}
-    assert outcome.returncode == 0, (outcome.stderr[-3000:], logs)
-    print(f"spot rehearsal: {outcome.seconds:.0f}s in the background lane")
-    return json.loads((outcome.workdir / "figures.json").read_text())["notice"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
+    with script_run("spot", _argv, env, timeout_s=700) as outcome:
+        logs = {p.name: p.read_text(errors="replace")[-3000:] for p in outcome.workdir.glob("*.log")}
+        assert outcome.returncode == 0, (outcome.stderr[-3000:], logs)
+        print(f"spot rehearsal: {outcome.seconds:.0f}s")
+        return json.loads((outcome.workdir / "figures.json").read_text())["notice"]
 
 
 def test_preempted_node_checkpoints_before_its_deadline_and_the_elastic_run_shrinks_then_grows(result):

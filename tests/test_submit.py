@@ -25,7 +25,7 @@ from conftest import free_port, stop_process, wait_http
 from small import ROOT
 
 VENV_BIN = Path(sys.executable).parent
-pytestmark = [pytest.mark.light, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900)]
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

@@ -1,8 +1,7 @@
 """benchmarks/tracking_load.py at a small scale: its trials, sweeps and promotion run on both stores, and every
 point they log is read back (the figures at 64 to 512 trials are in benchmarks/results.json).
 
-The script starts its own PostgreSQL and MLflow servers, so it runs in the session's background lane
-(tests/lane.py), beside the tests that leave a core free; the test, run last, reads its figures.
+The script starts its own PostgreSQL and MLflow servers: it runs once, in `make rehearse`.
 """
 
 from __future__ import annotations
@@ -13,22 +12,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from lane import Job
+from scripts import script_run
 from small import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(900)]
 
 
-def background_job(workdir: Path) -> Job:
+def _argv(workdir: Path) -> list[str]:
     """The load benchmark with 8 trials in 2 processes for 6 s on each store."""
-    argv = [sys.executable, str(ROOT / "benchmarks" / "tracking_load.py"), "--trials", "8", "--processes", "2",
+    return [sys.executable, str(ROOT / "benchmarks" / "tracking_load.py"), "--trials", "8", "--processes", "2",
             "--duration-s", "6", "--report-interval-s", "1", "--ramp-s", "2", "--rows-per-report", "3",
             "--out", str(workdir / "load.json")]
-    return Job(argv, ROOT, dict(os.environ), timeout_s=800)
 
 
-def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_decides_the_champion(lane):
-    outcome = lane.result(__name__)
+@pytest.fixture(scope="module")
+def outcome():
+    with script_run("load", _argv, dict(os.environ), timeout_s=800) as ran:
+        yield ran
+
+
+def test_tracking_load_loses_nothing_on_sqlite_or_postgresql_and_lists_the_candidates(outcome):
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     out = outcome.workdir / "load.json"
     levels = {level["store"]: level for level in json.loads(out.read_text())["levels"]}
