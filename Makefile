@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # hand, as on this project's machines; tools/torch_choice.py says which before pip downloads anything.
 # A CPU-only laptop: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # GPU machines: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
-TORCH_SPEC ?= torch==2.13.0
+TORCH_SPEC ?= $(shell grep '^torch==' constraints.txt)
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
@@ -14,12 +14,12 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) tools/torch_choice.py "$(TORCH_SPEC)" $(TORCH_INDEX)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $@
 
 test: setup

@@ -86,37 +86,46 @@ def _project_version() -> str:
     return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 
 
+def _tested_releases() -> dict[str, str]:
+    """constraints.txt's pins: package name -> the release this project is tested with."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
 def test_versions_agree_ray_cuda_torch_mlflow():
-    """One Ray, one CUDA, one torch, one MLflow: the image's, the manifests', the Makefile's and the tested ones."""
+    """One Ray, one CUDA, one torch, one MLflow: constraints.txt's, the images', the manifests', the installed."""
     import mlflow
     import ray
+    import torch
     from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
 
+    tested = _tested_releases()
+    assert set(tested) == {"ray", "mlflow", "torch"}, tested
+    # make setup installs with these pins, so a release of MLflow or Ray after they were checked changes nothing.
+    installed = {"ray": ray.__version__, "mlflow": mlflow.__version__, "torch": torch.__version__.split("+")[0]}
+    assert installed == tested, "this environment is not the tested one: make setup installs with constraints.txt"
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-m pip install --quiet -c constraints.txt -e ".[dev]"' in makefile
     args, dockerfile = _dockerfile_args(), (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-py311-\$\{CUDA_TAG\}$", dockerfile, re.M)
-    assert args["RAY_VERSION"] == ray.__version__, "the image's Ray is the one the project is tested with"
+    assert (args["RAY_VERSION"], args["TORCH_VERSION"]) == (tested["ray"], tested["torch"])
     ray_requirement = re.search(r'"ray\[[^\]]*\]([^"]*)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    assert args["RAY_VERSION"] in SpecifierSet(ray_requirement)
+    assert tested["ray"] in SpecifierSet(ray_requirement)
     for where, _, spec in ray_clusters():
-        assert spec["rayVersion"] == args["RAY_VERSION"], where
+        assert spec["rayVersion"] == tested["ray"], where
     # The torch build of the Makefile's GPU instructions, from the index of the image's CUDA.
-    makefile = (ROOT / "Makefile").read_text()
     gpu = re.search(r"GPU machines: make setup TORCH_INDEX=(\S+)", makefile)
-    torch_spec = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", makefile, re.M)
-    assert gpu and torch_spec, "the Makefile's GPU instructions moved: update this test"
-    assert args["TORCH_VERSION"] == torch_spec.group(1)
+    assert gpu and "TORCH_SPEC ?= $(shell grep '^torch==' constraints.txt)" in makefile
     assert gpu.group(1) == f"https://download.pytorch.org/whl/{args['CUDA_TAG']}"
     assert '"torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${CUDA_TAG}"' in dockerfile
-    assert "-c /tmp/pins.txt -e ." in dockerfile, "the project's install must not replace Ray or torch"
-    # The MLflow server speaks the same release series as the client the project is tested with.
-    # Its image is deploy/mlflow.Dockerfile's, built on MLflow's release image of the same version.
+    assert "-c constraints.txt -e ." in dockerfile and "constraints.txt ./" in dockerfile, "pin the image's install"
+    # The MLflow server is the client's release: deploy/mlflow.Dockerfile's, built on MLflow's image of it.
     image = mlflow_container(defined_objects()[MLFLOW_SERVER])["image"]
-    server = re.fullmatch(r"REGISTRY/nmt-mlflow:(\d+\.\d+\.\d+)", image)
-    assert server, f"{image}: the image of deploy/mlflow.Dockerfile"
     built = re.search(r"^ARG MLFLOW_VERSION=(\S+)$", (DEPLOY / "mlflow.Dockerfile").read_text(), re.M).group(1)
-    assert server.group(1) == built, (image, built)
-    assert Version(built).release[:2] == Version(mlflow.__version__).release[:2], image
+    assert image == f"REGISTRY/nmt-mlflow:{built}" and built == tested["mlflow"], (image, built)
+    for guide in (DEPLOY / "aws/README.md", DEPLOY / "kuberay/README.md", DEPLOY / "aws/mlflow-server.sh"):
+        tags = set(re.findall(r"nmt-mlflow:(\S+?)[\s\"`]", guide.read_text()))
+        assert tags == {built}, (guide, tags)
 
 
 def test_images_are_pinned_and_the_same_everywhere():
