@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
-import threading
 
-from .common import log
+from .common import compat, log
 from .common.errors import UserError
 from .launch import job_env
 from .parser import build_parser
@@ -207,9 +205,10 @@ def run() -> None:
         code = main()
     finally:  # in a submitted job: its forwarded variables off the nodes it ran on, while Ray is still connected
         job_env.forget()
-    wait_for_threads, exit_handlers = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
-    if wait_for_threads is None or exit_handlers is None:  # not CPython: the usual exit
+    steps = compat.interpreter_exit_steps()
+    if steps is None:  # not CPython: the usual exit
         sys.exit(code)
+    wait_for_threads, exit_handlers = steps
     # CPython's exit waits for threads, runs the exit handlers (MLflow's, logging's, temporary files'), then
     # frees every module of torch, Ray and MLflow object by object: 2.6-2.8 s after a short `nmt train` has
     # printed its last line, against 0.3 s this way (benchmarks/cli_exit.py). The first two steps happen here;

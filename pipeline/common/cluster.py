@@ -7,7 +7,7 @@ import os
 import re
 import sys
 
-from . import log
+from . import compat, log
 from .errors import UserError
 
 logger = log.get("ray")
@@ -57,14 +57,12 @@ def _tidy_worker_output() -> None:
     Ray prefixes every forwarded line with "(RayTrainWorker pid=...)"; the project's own lines name
     their stage already, so they print bare, and other lines keep the prefix that says where they
     came from. Ray's C++ lines stay in Ray's log files. Ray has no public hook for this, so it wraps
-    the forwarding handler Ray registers (a private name); if that ever changes, output stays as it was.
+    the forwarding handler Ray registers (compat.worker_output_dispatcher); without it, output stays as it was.
     """
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-
-        lock = dispatcher._lock
-    except (ImportError, AttributeError):
+    found = compat.worker_output_dispatcher()
+    if found is None:
         return
+    dispatcher, lock = found
 
     def wrap(forward):
         dying: set = set()  # (ip, pid) of workers whose stack dump has begun

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from .compat import RAY_NOTICE_LOGGERS
 from .environment import default_for_process
 from .userinfo import redact
 
@@ -97,10 +98,7 @@ QUIET = {
     "RAY_DEDUP_LOGS": "0",  # dedup folds concurrent trials' progress lines into "[repeated 3x across cluster]"
 }
 # Library warnings that are notices, not problems, silenced unless `nmt -v`.
-NOTICES = (
-    "ray._private.authentication.authentication_token_setup",  # "Token authentication is enabled ..." (it is)
-    "ray.data._internal.progress",  # "Progress bars disabled" (prepare prints its own progress)
-)
+NOTICES = RAY_NOTICE_LOGGERS
 
 # Warnings that are false alarms in this pipeline, dropped by message unless `nmt -v`.
 FALSE_ALARMS = {

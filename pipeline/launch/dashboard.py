@@ -13,15 +13,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..common import log
+from ..common.compat import RAY_UPLOAD_LOGGERS
 from ..common.environment import environment
 from ..common.errors import UserError
 
 logger = log.get("submit")
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+PACKAGING, WORKING_DIR = RAY_UPLOAD_LOGGERS
 UPLOAD_CHATTER = {"ray.dashboard.modules.dashboard_sdk": logging.WARNING,
                   "ray.dashboard.modules.job.sdk": logging.WARNING,
-                  "ray._private.runtime_env.packaging": logging.WARNING,
-                  "ray._private.runtime_env.working_dir": logging.ERROR}  # ".venv is now ignored by default"
+                  PACKAGING: logging.WARNING,
+                  WORKING_DIR: logging.ERROR}  # ".venv is now ignored by default"
 TOKEN_HELP = ("set RAY_AUTH_MODE=token and put the cluster's token in RAY_AUTH_TOKEN, in a file named by "
               "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)")
 

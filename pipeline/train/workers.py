@@ -108,10 +108,11 @@ class RayContext(WorkerContext):
 
         import ray.train
         import ray.train.torch
-        from ray.train.v2._internal.execution import context as train_context
+
+        from ..common.compat import ray_train_report_logger
 
         # Ray Train logs every report's full metrics dict at INFO; our own progress line says it better.
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+        logging.getLogger(ray_train_report_logger()).setLevel(logging.WARNING)
         context = ray.train.get_context()
         self.world_rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.node = f"node-{ray.get_runtime_context().get_node_id()[:8]}"  # as the Ray dashboard shows nodes
