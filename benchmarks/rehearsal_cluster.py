@@ -23,7 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))  # mlflow_users: the team's logins
+# mlflow_users (the team's logins) and the tests' servers
+sys.path += [str(Path(__file__).resolve().parents[1] / folder) for folder in ("deploy", "tests")]
 from servers import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent

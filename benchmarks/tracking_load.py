@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "deploy")]
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE.parent / "deploy")]
 TEAM_MODEL = "transformer-nmt-load"
 # Each server worker's database pool, as deploy/ sizes it (deploy/tracking-server.md): at least twice the
 # worker's 40 request threads, since MLflow's log_batch holds two connections (--pool-size, --max-overflow).

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 
 import pytest
+
+# The servers the tests start (tests/servers.py: PostgreSQL, `mlflow server`); the team's logins are
+# deploy/mlflow_users.py's, importable by pytest's `pythonpath` (pyproject.toml), as tools/ is.
+import servers
+from servers import MlflowServer, PostgresCluster, free_port  # noqa: F401 (tests import free_port from here)
 
 from pipeline.common.environment import environment  # noqa: F401 (tests import it from here)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The servers the tests start (benchmarks/servers.py: PostgreSQL, `mlflow server`) and the team's logins
-# (deploy/mlflow_users.py) are the benchmarks' and the deployment's own.
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
-import servers  # noqa: E402
-from servers import MlflowServer, PostgresCluster, free_port  # noqa: E402,F401 (tests import free_port from here)
 
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
 HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket", "postgres",

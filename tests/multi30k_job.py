@@ -12,21 +12,18 @@ import logging
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import sacrebleu
+import torch
+from reference_search import reference_beam_search
 
-import sacrebleu  # noqa: E402
-import torch  # noqa: E402
-from reference_search import reference_beam_search  # noqa: E402
-
-from model import TransformerConfig, beam_search  # noqa: E402
-from pipeline.common import checkpoint, log  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.data.prepare import prepare  # noqa: E402
-from pipeline.text.tokenizer import PAD_ID  # noqa: E402
-from pipeline.text.translator import Translator  # noqa: E402
-from pipeline.train.loop import train_loop  # noqa: E402
-from pipeline.train.workers import TorchrunContext  # noqa: E402
+from model import TransformerConfig, beam_search
+from pipeline.common import checkpoint, log
+from pipeline.config import load_config
+from pipeline.data.prepare import prepare
+from pipeline.text.tokenizer import PAD_ID
+from pipeline.text.translator import Translator
+from pipeline.train.loop import train_loop
+from pipeline.train.workers import TorchrunContext
 
 SUBSET = {"train": 12000, "val": 300, "test_2016_flickr": 100}  # lines per split
 # A quick recipe of its own, model included: its learning rate suits 4 heads, not every shipped config.
@@ -35,6 +32,8 @@ RECIPE = ["data.vocab_size=3000", "model.num_heads=4", "model.num_layers=2", "mo
           "train.val_interval=200", "train.warmup_steps=300", "train.lr_scale=2.0", "train.beam_size=1",
           "train.average_last=1", "train.log_every=50"]
 
+
+ROOT = Path(__file__).resolve().parents[1]
 
 def subset(multi30k: Path, corpus: Path) -> None:
     """The first lines of each split, in both languages."""

@@ -3,7 +3,6 @@ notice's hook (the rehearsal on real Ray nodes is tests/test_spot.py)."""
 
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from pipeline.train.shapes import ShapePolicy, batch_shapes
 from pipeline.train.shard import TokenShard
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.mark.parametrize("workers, expected", [(4, 1), (2, 2), (1, 4), (3, 1)])

@@ -2,12 +2,9 @@
 
 import gzip
 import shutil
-import sys
 
-from conftest import ROOT, require_multi30k
-
-sys.path.insert(0, str(ROOT / "tools"))
-import get_multi30k  # noqa: E402
+import get_multi30k
+from conftest import require_multi30k
 
 
 def test_the_corpus_is_fetched_checked_and_a_bad_file_never_lands(tmp_path, capsys):

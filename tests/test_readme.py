@@ -5,18 +5,16 @@ import itertools
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
+import benchmark_table
 import pytest
+from config_reference import END, START, reference_markdown
 
 from pipeline.config import Config
 from pipeline.parser import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import benchmark_table  # noqa: E402
-from config_reference import END, START, reference_markdown  # noqa: E402
 
 # The front page and the docs it links to: their commands and paths are checked alike.
 README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])

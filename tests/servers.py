@@ -6,7 +6,8 @@
             ...
 
 The tests' session fixtures, benchmarks/tracking_load.py and the cluster rehearsal all start
-their servers here, so each is started one way.
+their servers here, so each is started one way. The tests import it as `servers` (tests/ is on pytest's
+path); the benchmarks put tests/ on theirs.
 """
 
 from __future__ import annotations
