@@ -160,13 +160,14 @@ def _add_model_commands(commands: _Commands, address: argparse.ArgumentParser) -
     export.add_argument("--out", default="ctranslate2-model", help="the directory to write (default ctranslate2-model)")
 
     promote = command("promote", "check and register candidate runs, then move the champion alias to the best; or "
-                      "move it to a version by hand",
+                      "pin a version by hand",
                       ["nmt promote --name transformer-nmt-wmt14-en-de --config configs/wmt14_en_de.yaml",
                        "nmt promote --data s3://bucket/nmt/prepared/demo-en-de-0123abcd", "nmt promote 3"],
                       config=True)
-    promote.add_argument("version", nargs="?", help="move @champion to this version by hand; without it, each "
-                                                    "candidate run's own model is scored here on the validation "
-                                                    "split, registered as a copy, and the best becomes champion")
+    promote.add_argument("version", nargs="?",
+                         help="pin @champion to this version (only later versions compete with it); without it, "
+                              "each candidate run's own model is scored here on the validation split, registered "
+                              "as a copy, and the best becomes champion")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
     promote.add_argument("--data", help="the prepared dataset whose validation split scores the candidates "
                                         "(default: the one --config and --set data.* prepare)")

@@ -1,15 +1,14 @@
-"""The champion on a real MLflow registry (SQLite): a lease judged on the reader's clock, renewed and fenced; a NaN
-val_bleu that neither wins nor blocks; export, evaluate and translate resolve @champion once."""
+"""The champion on a real MLflow registry (SQLite): decided from the registry alone, a stale writer corrected by
+its own next read, a pin by hand; a NaN val_bleu that neither wins nor blocks; export, evaluate and translate
+resolve @champion once."""
 
 import threading
-import time
 
 import pytest
 from mlflow.tracking import MlflowClient
 from registry_files import register, small_tokenizer, small_translator
 from stores import sqlite_uri
 
-from pipeline.common.errors import UserError
 from pipeline.serve import commands
 from pipeline.track import champion, registry
 
@@ -17,11 +16,8 @@ NAME = "m"
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A registry with a registered model and short lease timings (the same rules, seconds instead of a minute)."""
-    monkeypatch.setattr(champion, "LOCK_STALE_S", 2.0)
-    monkeypatch.setattr(champion, "LOCK_RENEW_S", 0.3, raising=False)
-    monkeypatch.setattr(champion, "LOCK_SETTLE_S", 0.2)
+def store(tmp_path):
+    """A registry with a registered model."""
     uri = sqlite_uri(tmp_path)
     client = MlflowClient(uri, registry_uri=uri)
     client.create_registered_model(NAME)
@@ -33,53 +29,54 @@ def _version(client, bleu: str, decision: str | None = None) -> str:
     return str(client.create_model_version(NAME, "file:///nowhere", tags=tags).version)
 
 
-@pytest.mark.parametrize("claim", ["{token} 0 {behind}", "x nan", "x inf", "x 99999999999"])
-def test_champion_lock_claims_go_stale_by_the_readers_own_clock(store, claim):
-    """A live holder 90 s behind is respected for as long as its claim changes; any claim left unchanged (NaN,
-    infinite or future stamps too) is free once this process has seen it for LOCK_STALE_S."""
+def test_a_decider_whose_view_went_stale_is_corrected_by_its_own_next_read(store, monkeypatch):
+    """A decides on versions 1-2; before its alias write lands, B registers a better 3 and decides. A's late write
+    of 2 must not stand: A reads the registry again after writing and moves the alias to 3."""
     uri, client = store
-    client.set_registered_model_tag(NAME, champion.LOCK_TAG, claim.format(token="t", behind=time.time() - 90))
-    with pytest.raises(UserError, match="held the champion lock"):  # not taken at once, whatever its stamp
-        with champion.decision_lock(uri, NAME, timeout_s=1.0):
-            pass
-    started = time.monotonic()
-    with champion.decision_lock(uri, NAME, timeout_s=20.0) as lease:
-        assert lease.holds()
-    assert champion.LOCK_STALE_S <= time.monotonic() - started < 15  # stale after LOCK_STALE_S, not 180 s
-    assert champion.LOCK_TAG not in client.get_registered_model(NAME).tags
-
-
-def test_champion_lock_of_a_live_holder_is_renewed_and_never_taken(store):
-    uri, client = store
-    with champion.decision_lock(uri, NAME):  # holds three times as long as a claim goes stale
-        with pytest.raises(UserError, match="held the champion lock"):
-            with champion.decision_lock(uri, NAME, timeout_s=3 * champion.LOCK_STALE_S):
-                pass
-
-
-def test_champion_decision_that_outlives_its_lease_moves_nothing(store, monkeypatch):
-    """The holder stalls (MLflow's retries); another process takes the lock over; the alias must not move."""
-    uri, client = store
-    first = _version(client, "20.0", "champion")
+    first = _version(client, "20.0")
     client.set_registered_model_alias(NAME, champion.CHAMPION, first)
     better = _version(client, "30.0")
-    read = champion.champion_bleu
+    write, seen = MlflowClient.set_registered_model_alias, {}
 
-    def stalled(*args):
-        found = read(*args)
-        # Taken over meanwhile, as another process takes it: a claim that stood LOCK_SETTLE_S (a first claim
-        # written between the lease's read and its renewal is overwritten, and that process would claim again).
-        assert any(champion._claimed(client, NAME, "other 0 0") for _ in range(10))
-        return found
+    def landing_late(self, name, alias, version):
+        if not seen:  # A's first write: B registers and decides before it lands
+            seen["B"] = None
+            newest = _version(client, "40.0")
+            seen["B"] = (newest, champion.decide(uri, NAME).version)
+        return write(self, name, alias, version)
 
-    monkeypatch.setattr(champion, "champion_bleu", stalled)
-    with pytest.raises(champion.LockLost, match="nothing was moved"):
-        champion.decide(uri, NAME)
-    assert str(client.get_registered_model(NAME).aliases[champion.CHAMPION]) == first
-    assert champion.DECISION_TAG not in client.get_model_version(NAME, better).tags  # decided again later
-    monkeypatch.setattr(champion, "champion_bleu", read)
-    client.delete_registered_model_tag(NAME, champion.LOCK_TAG)
-    assert champion.decide(uri, NAME).version == better
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", landing_late)
+    decision = champion.decide(uri, NAME)
+    newest, decided_by_b = seen["B"]
+    assert decided_by_b == newest and decision.version == newest and decision.val_bleu == 40.0
+    assert str(client.get_registered_model(NAME).aliases[champion.CHAMPION]) == newest
+    verdicts = {v: client.get_model_version(NAME, v).tags[champion.DECISION_TAG] for v in (first, better, newest)}
+    assert verdicts == {first: f"kept version {newest}", better: f"kept version {newest}", newest: "champion"}
+
+
+def test_promote_pins_a_version_that_only_later_versions_compete_with(store, caplog):
+    uri, client = store
+    low, high = _version(client, "10.0"), _version(client, "30.0")
+    assert champion.decide(uri, NAME).version == high
+    champion.promote(uri, NAME, low)  # back to an older, lower version by hand: it stays
+    assert champion.decide(uri, NAME).version == low
+    assert client.get_model_version(NAME, low).tags[champion.DECISION_TAG] == "promoted by hand"
+    assert champion.decide(uri, NAME).version == low
+    assert champion.decide(uri, NAME).version == low  # high does not compete again
+    worse = _version(client, "5.0")
+    assert champion.decide(uri, NAME).version == low
+    later = _version(client, "20.0")  # registered after the pin, and better than the pinned version
+    assert champion.decide(uri, NAME).version == later
+    # A pinned version without a number holds until a later finite one comes; a pin that is not
+    # "<version> <newest>" is ignored with a warning, and every version competes again.
+    broken = _version(client, "nan")
+    champion.promote(uri, NAME, broken)
+    assert champion.decide(uri, NAME).version == broken
+    finite = _version(client, "1.0")
+    assert champion.decide(uri, NAME).version == finite
+    client.set_registered_model_tag(NAME, champion.PIN_TAG, "garbage")
+    assert champion.decide(uri, NAME).version == high
+    assert "champion_pin='garbage'" in caplog.text and worse != high
 
 
 def test_champion_nan_val_bleu_neither_wins_nor_blocks_and_a_wrongly_kept_version_is_reconsidered(store):
@@ -94,12 +91,12 @@ def test_champion_nan_val_bleu_neither_wins_nor_blocks_and_a_wrongly_kept_versio
     wronged = _version(client, "33.0", f"kept version {first}")
     client.set_registered_model_alias(NAME, champion.CHAMPION, first)
     assert champion.decide(uri, NAME).version == wronged
-    # A champion whose own tag is not a number is beaten by any finite val_bleu; garbage blocks nothing either.
+    # A champion whose own tag is no longer a number gives way to the best finite one; garbage blocks nothing.
     client.set_model_version_tag(NAME, wronged, "val_bleu", "not-a-number")
-    assert champion.decide(uri, NAME).version == wronged  # nothing pending: it stays
-    assert champion.decide(uri, NAME).val_bleu != champion.decide(uri, NAME).val_bleu  # NaN
+    assert champion.decide(uri, NAME).version == better
     later = _version(client, "1.0")
-    assert champion.decide(uri, NAME).version == later
+    assert champion.decide(uri, NAME).version == better
+    assert client.get_model_version(NAME, later).tags[champion.DECISION_TAG] == f"kept version {better}"
 
 
 @pytest.fixture
@@ -145,8 +142,7 @@ def test_champion_is_resolved_once_and_loaded_by_number(two_versions, tmp_path, 
     assert reads and all(read == f"models:/{NAME}/1" for read in reads), reads
 
 
-def test_champion_lock_threads_never_decide_together(store):
-    """Two deciders at once: each decision runs alone (the second sees the first's verdicts)."""
+def test_two_deciders_at_once_agree_and_leave_the_best_version_champion(store):
     uri, client = store
     _version(client, "10.0")
     _version(client, "12.0")
@@ -156,4 +152,6 @@ def test_champion_lock_threads_never_decide_together(store):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert sorted(r.version for r in results) == ["2", "2"] and [r.previous for r in results].count(None) == 1
+    assert [r.version for r in results] == ["2", "2"]
+    assert str(client.get_registered_model(NAME).aliases[champion.CHAMPION]) == "2"
+    assert client.get_model_version(NAME, "1").tags[champion.DECISION_TAG] == "kept version 2"

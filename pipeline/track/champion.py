@@ -1,23 +1,19 @@
-"""The champion alias: which model version translate, evaluate and serve load, decided one process at a time.
+"""The champion alias: which model version translate, evaluate and serve load, decided from the registry alone.
 
-A new version becomes champion only if its val_bleu beats the champion's; a val_bleu that is not a
-finite number never wins and never blocks. Sweeps and training runs on a shared server finish together,
-so the read-compare-move runs under a lease the registry itself holds (a claim tag on the registered
-model, renewed while its holder decides), and each version records the decision taken on it: a version
-that has none (its process died between registering and deciding), or whose "kept" verdict its own
-numbers contradict, is decided by the next registration or `nmt promote`.
+The champion is a function of what the registry holds: the version with the highest val_bleu, the earliest on
+a tie, among those that may compete; a val_bleu that is not a finite number never wins. `nmt promote VERSION`
+pins a version by hand, and from then on only versions registered after the pin compete with it.
+
+Registrations finish together (a sweep's trials, two members' runs), and MLflow has no compare-and-set, so
+there is no lock: every process that decides writes the alias and then reads the registry again, writing
+again until what it reads agrees. A writer whose view was stale is corrected by its own next read, and the
+last writer leaves the answer for everything registered before it read. A version whose process died
+before deciding is counted by the next decision, as every version is.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
-import re
-import threading
-import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +24,30 @@ from .target import mlflow_client
 from .tracking import error_line
 
 CHAMPION = "champion"
-DECISION_TAG = "champion_decision"  # on each version: "champion", "kept version N" or "promoted by hand"
-LOCK_TAG = "champion_lock"  # on the registered model: "<token> <renewal> <unix time>" of the process deciding now
-LOCK_SETTLE_S = 1.0  # a claim holds once it stood this long: far longer than one registry call takes
-# A claim that a waiter has seen unchanged this long, on the waiter's own clock, was left by a process that died
-# holding it: its holder rewrites it every LOCK_RENEW_S. Nobody compares their clock with the writer's stamp.
-LOCK_STALE_S = 60.0
-LOCK_RENEW_S = 10.0
-KEPT = re.compile(r"kept version (\d+)")
+DECISION_TAG = "champion_decision"  # on each version, for the UI: "champion", "kept version N" or "promoted by hand"
+PIN_TAG = "champion_pin"  # on the registered model: "<version> <newest version then>", set by `nmt promote VERSION`
+# Each round that does not settle means another process wrote in between; this many in a row means the registry
+# keeps changing faster than one decision reads it.
+MAX_ROUNDS = 20
 logger = log.get("registry")
 
 
-def _client(uri: str):
-    return mlflow_client(uri)
+class MissingModel(UserError):
+    """The registered model does not exist."""
+
+
+@dataclass
+class Decision:
+    """The champion after a decision, and the one before it (None: there was none)."""
+
+    version: str | None
+    val_bleu: float  # NaN when there is no champion
+    previous: tuple[str, float] | None
 
 
 def champion_bleu(uri: str, name: str) -> tuple[str, float] | None:
     """(version, val_bleu) of the current champion; None only when there is none, any other failure raised."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     try:
         model = _registered_model(client, uri, name)
     except MissingModel:
@@ -53,16 +55,105 @@ def champion_bleu(uri: str, name: str) -> tuple[str, float] | None:
     version = model.aliases.get(CHAMPION)
     if version is None:
         return None
-    tags = client.get_model_version(name, version).tags
-    return str(version), _bleu(tags, name, version)
+    return str(version), _bleu(client.get_model_version(name, version).tags, name, version)
 
 
-class MissingModel(UserError):
-    """The registered model does not exist."""
+def decide(uri: str, name: str) -> Decision:
+    """Move @champion to the registry's answer until a fresh read agrees; tag each version not yet told its verdict."""
+    client = mlflow_client(uri)
+    previous = champion_bleu(uri, name)
+    winner, versions = _settle(client, uri, name)
+    for version in versions:
+        if version.tags.get(DECISION_TAG) is None and winner is not None:
+            verdict = CHAMPION if str(version.version) == winner else f"kept version {winner}"
+            _write(client.set_model_version_tag, name, version.version, DECISION_TAG, verdict)
+    if winner is None:
+        return Decision(None, math.nan, previous)
+    bleus = {str(v.version): _bleu(v.tags, name, v.version) for v in versions}
+    return Decision(winner, bleus[winner], previous)
 
 
-class LockLost(UserError):
-    """Another process took the champion lock over while this one decided: nothing was moved."""
+def promote(uri: str, name: str, version: str) -> None:
+    """Pin @champion to a version by hand (`nmt promote VERSION`): only later versions compete with it."""
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(uri)
+    try:
+        client.get_model_version(name, str(version))
+    except MlflowException:
+        raise UserError(f"registered model {name!r} has no version {version} in {redact(uri)}; "
+                        f"list versions in the MLflow UI or with `mlflow models`") from None
+    newest = max(int(v.version) for v in _versions(client, name))
+    client.set_registered_model_tag(name, PIN_TAG, f"{version} {newest}")
+    client.set_model_version_tag(name, str(version), DECISION_TAG, "promoted by hand")
+    winner, _ = _settle(client, uri, name)
+    if winner != str(version):  # a version registered since the pin beat it already
+        logger.warning(f"{name} version {winner}, registered after the pin, beats version {version}: it is champion")
+
+
+def _settle(client, uri: str, name: str) -> tuple[str | None, list]:
+    """(the champion, the versions it was chosen from), once the alias and a read made after writing it agree."""
+    failed = ""
+    for _ in range(MAX_ROUNDS):
+        model = _registered_model(client, uri, name)
+        versions = _versions(client, name)
+        winner = _choose(versions, model.tags.get(PIN_TAG), name)
+        current = model.aliases.get(CHAMPION)
+        if winner is None or (current is not None and str(current) == winner):
+            return winner, versions
+        failed = _write(client.set_registered_model_alias, name, CHAMPION, winner, retry=False)
+    raise UserError(f"the champion of {name!r} did not settle in {MAX_ROUNDS} reads of the registry "
+                    f"({failed or 'its versions kept changing'}); `nmt promote` decides again")
+
+
+def _write(change, *args, retry: bool = True) -> str:
+    """change(*args) on the registry; "" or, when it failed, why. A store's insert-or-update is not atomic: the
+    first writes of one key by two processes at once fail for one of them, and writing again updates the key."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        change(*args)
+    except MlflowException as err:
+        if err.get_http_status_code() == 403:  # a login that may not: retrying will not help
+            raise
+        if not retry:
+            return error_line(err)
+        change(*args)
+    return ""
+
+
+def _versions(client, name: str) -> list:
+    """Every version of `name`, page by page (a page holds at most 10,000)."""
+    versions, token = [], None
+    while True:
+        page = client.search_model_versions(f"name = '{name}'", page_token=token)
+        versions += page
+        token = page.token
+        if not token:
+            return versions
+
+
+def _choose(versions: list, pin: str | None, name: str) -> str | None:
+    """The champion by the rule: the best finite val_bleu (earliest on a tie) among the versions that compete."""
+    pinned, after = _pin(pin, name)
+    competing = [v for v in versions if pinned is None or str(v.version) == pinned or int(v.version) > after]
+    scored = [(_score(_bleu(v.tags, name, v.version)), -int(v.version), str(v.version)) for v in competing]
+    best = max(scored, default=None)
+    if best is not None and (math.isfinite(best[0]) or best[2] == pinned):
+        return best[2]
+    return pinned if any(str(v.version) == pinned for v in versions) else None
+
+
+def _pin(value: str | None, name: str) -> tuple[str | None, int]:
+    """(the pinned version, the newest version when it was pinned); (None, 0) when there is no readable pin."""
+    try:
+        version, newest = (value or "").split()
+        return str(int(version)), int(newest)
+    except ValueError:
+        if value:
+            logger.warning(f"{name} has tag {PIN_TAG}={value!r}, not '<version> <newest version>': it is ignored "
+                           "(`nmt promote VERSION` sets it again)")
+        return None, 0
 
 
 def _registered_model(client, uri: str, name: str):
@@ -90,143 +181,3 @@ def _bleu(tags: dict[str, str], name: str, version: Any) -> float:
 def _score(bleu: float) -> float:
     """What a val_bleu counts for in a comparison: itself when finite, below every finite value otherwise."""
     return bleu if math.isfinite(bleu) else -math.inf
-
-
-class Lease:
-    """The held champion lock: renewed in a thread while the block runs; check() before every registry change."""
-
-    def __init__(self, uri: str, name: str, token: str):
-        self.client, self.name, self.token = _client(uri), name, token
-        self.renewals, self.lost = 0, False
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._renew, daemon=True, name="nmt-champion-lease")
-
-    def claim(self) -> str:
-        """The tag value of the current renewal."""
-        return f"{self.token} {self.renewals} {time.time():.3f}"
-
-    def holds(self) -> bool:
-        """Whether the tag still names this process (read from the registry now)."""
-        return self.client.get_registered_model(self.name).tags.get(LOCK_TAG, "").startswith(f"{self.token} ")
-
-    def _renew(self) -> None:
-        while not self.stop.wait(LOCK_RENEW_S):
-            try:
-                if not self.holds():
-                    self.lost = True
-                    return
-                self.renewals += 1
-                self.client.set_registered_model_tag(self.name, LOCK_TAG, self.claim())
-            except Exception as err:  # a slow or failing server: check() finds out whether the claim survived
-                logger.warning(f"renewing the champion lock of {self.name!r} failed ({error_line(err)})")
-
-    def check(self) -> None:
-        """Raise LockLost unless this process still holds the lock: the fence before moving anything."""
-        if self.lost or not self.holds():
-            self.lost = True
-            raise LockLost(f"another process took over the champion lock of {self.name!r} while this one decided "
-                           f"(it stalled over {LOCK_STALE_S:.0f}s); nothing was moved: `nmt promote` decides again")
-
-
-@contextlib.contextmanager
-def decision_lock(uri: str, name: str, timeout_s: float = 180.0) -> Iterator[Lease]:
-    """Hold the registered model's champion lock: a claim tag that stood LOCK_SETTLE_S unchanged, renewed in the
-    meantime. A claim is free once this process has seen it unchanged for LOCK_STALE_S, whatever it says.
-
-    A lease, not consensus: a holder that stalls longer than LOCK_STALE_S loses it, and its check() says so.
-    """
-    client, lease = _client(uri), Lease(uri, name, uuid.uuid4().hex)
-    deadline, seen, seen_at = time.monotonic() + timeout_s, None, time.monotonic()
-    while True:
-        holder = _registered_model(client, uri, name).tags.get(LOCK_TAG, "")
-        if holder != seen:  # a new claim or a renewal: its age counts from now, on this clock
-            seen, seen_at = holder, time.monotonic()
-        if (not holder or time.monotonic() - seen_at >= LOCK_STALE_S) and _claimed(client, name, lease.claim()):
-            break
-        if time.monotonic() > deadline:
-            raise UserError(f"another process has held the champion lock of {name!r} for {timeout_s:.0f}s "
-                            f"(tag {LOCK_TAG}={holder!r}); retry, or delete the tag if that process is gone")
-        time.sleep(random.uniform(0.2, 1.0))  # apart, so that two waiters do not claim in step again
-    lease.thread.start()
-    try:
-        yield lease
-    finally:
-        lease.stop.set()
-        lease.thread.join(timeout=5)
-        with contextlib.suppress(Exception):  # a lock left behind goes stale; the decision stands
-            if lease.holds():
-                client.delete_registered_model_tag(name, LOCK_TAG)
-
-
-def _claimed(client, name: str, claim: str) -> bool:
-    """Write a claim, and whether it still stands LOCK_SETTLE_S later (another waiter may claim at the same time)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.set_registered_model_tag(name, LOCK_TAG, claim)
-    except MlflowException as err:  # a store racing two writes of the tag (SQLite's insert-or-update): the other won
-        if err.get_http_status_code() == 403:  # this login may not change the model: waiting will not help
-            raise
-        return False
-    time.sleep(LOCK_SETTLE_S)
-    return client.get_registered_model(name).tags.get(LOCK_TAG, "") == claim
-
-
-@dataclass
-class Decision:
-    """The champion after a decision, and the one before it (None: there was none)."""
-
-    version: str | None
-    val_bleu: float  # NaN when there is no champion
-    previous: tuple[str, float] | None
-
-
-def _undecided(version, bleus: dict[str, float]) -> bool:
-    """No decision yet, or a "kept version N" that its own numbers contradict (it beats N: a blocker's verdict)."""
-    verdict = version.tags.get(DECISION_TAG)
-    if verdict is None:
-        return True
-    kept = KEPT.fullmatch(verdict)
-    return bool(kept) and _score(bleus[str(version.version)]) > _score(bleus.get(kept[1], math.nan))
-
-
-def decide(uri: str, name: str) -> Decision:
-    """Under the lock: the best undecided version becomes champion if it beats the champion; each gets its decision."""
-    client = _client(uri)
-    with decision_lock(uri, name) as lease:
-        current = champion_bleu(uri, name)
-        versions = client.search_model_versions(f"name = '{name}'")
-        bleus = {str(v.version): _bleu(v.tags, name, v.version) for v in versions}
-        pending = [v for v in versions if _undecided(v, bleus)]
-        finite = [v for v in pending if math.isfinite(bleus[str(v.version)])]
-        best = max(finite, key=lambda v: (bleus[str(v.version)], -int(v.version)), default=None)
-        winner = current
-        if best is not None and (current is None or bleus[str(best.version)] > _score(current[1])):
-            lease.check()  # the fence: a decision that outlived its lease moves nothing
-            client.set_registered_model_alias(name, CHAMPION, best.version)
-            winner = (str(best.version), bleus[str(best.version)])
-        for version in pending:
-            if winner and str(version.version) == winner[0]:
-                verdict = CHAMPION
-            elif winner:
-                verdict = f"kept version {winner[0]}"
-            else:
-                continue  # no champion and no finite val_bleu: the next registration decides
-            client.set_model_version_tag(name, version.version, DECISION_TAG, verdict)
-    return Decision(*(winner or (None, math.nan)), current)
-
-
-def promote(uri: str, name: str, version: str) -> None:
-    """Move the champion alias to a version by hand (`nmt promote VERSION`), under the lock."""
-    from mlflow.exceptions import MlflowException
-
-    client = _client(uri)
-    try:
-        client.get_model_version(name, str(version))
-    except MlflowException:
-        raise UserError(f"registered model {name!r} has no version {version} in {redact(uri)}; "
-                        f"list versions in the MLflow UI or with `mlflow models`") from None
-    with decision_lock(uri, name) as lease:
-        lease.check()
-        client.set_registered_model_alias(name, CHAMPION, str(version))
-        client.set_model_version_tag(name, str(version), DECISION_TAG, "promoted by hand")
