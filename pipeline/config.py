@@ -134,13 +134,14 @@ class TrainConfig:
     batch_buckets: NonNegativeInt = 0  # a batch's rows padded to one of N sizes (the most that fit, half, ...); 0: off
     seed: int = 0  # seed of initialisation and batch shuffling
     val_interval: NonNegativeInt = 0  # updates between validations; 0: every epoch
+    checkpoint_every: NonNegativeInt = 0  # updates between checkpoints besides each validation's; 0: validations' only
     log_every: PositiveInt = 10  # updates between progress lines and train_loss values
     init_from: str = ""  # fine-tune from a checkpoint directory, MLflow run id or models:/ URI (its tokenizer too)
     report_interval_s: NonNegativeFloat = 10.0  # progress values go to Ray Train (and MLflow) at most this often
     beam_size: PositiveInt = 4  # beam of validation decoding and of the packaged model
     length_penalty: NonNegativeFloat = 0.6  # beam search length penalty alpha
     keep_checkpoints: PositiveInt = 3  # checkpoints kept: the best by val_bleu, plus the latest
-    average_last: PositiveInt = 5  # average the last N checkpoints at the end (Sec. 6.1)
+    average_last: PositiveInt = 5  # average the weights of the last N validations at the end (Sec. 6.1)
     storage_path: str = "runs"  # Ray Train / Tune results and checkpoints: local path or storage URI
     run_name: str = ""  # "": a hash of the config; the same name resumes the run
     max_failures: NonNegativeInt = 0  # restarts from the latest checkpoint after a worker failure

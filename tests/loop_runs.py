@@ -10,12 +10,14 @@ class StopAfter(TorchrunContext):
 
     def __init__(self, root, stop_after=None):
         super().__init__(str(root))
-        self.stop_after, self.checkpoints, self.reports = stop_after, 0, []
+        self.stop_after, self.checkpoints, self.reports, self.saved = stop_after, 0, [], []
 
     def report(self, metrics, checkpoint_dir=None):
         super().report(metrics, checkpoint_dir)
         self.reports.append(metrics)
         self.checkpoints += checkpoint_dir is not None
+        if checkpoint_dir is not None:  # the reports that came with a checkpoint
+            self.saved.append(metrics)
         if self.stop_after is not None and self.checkpoints >= self.stop_after:
             raise KeyboardInterrupt
 

@@ -200,12 +200,15 @@ def test_demo_runs_its_sweep_on_the_cluster_given_like_train_and_tune(monkeypatc
                                                                          (None, False, None)]
 
 
-def test_a_dashboard_url_in_ray_address_is_a_line_saying_to_submit_or_unset_it(monkeypatch, capsys):
-    """The team guides export RAY_ADDRESS=http://...:8265 for `nmt submit`; a local command then says what to do."""
-    from pipeline.cli import main
+def test_a_dashboard_url_in_ray_address_is_a_line_saying_to_submit_or_unset_it(tmp_path):
+    """The team guides export RAY_ADDRESS=http://...:8265 for `nmt submit`; a local command then says what to do.
+    In a process of its own, as a command runs: one where a test started Ray already never reads RAY_ADDRESS."""
+    from commands import nmt
 
-    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
-    assert main(["prepare", "--config", "configs/demo.yaml", "--set", "data.output_dir=/nonexistent/x"]) == 2
-    err = capsys.readouterr().err
+    done = subprocess.run(nmt("prepare", "--config", "configs/demo.yaml", sets=[f"data.output_dir={tmp_path}/x"]),
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": "http://127.0.0.1:8265"})
+    assert done.returncode == 2, done.stderr
+    err = done.stderr
     assert "RAY_ADDRESS is http://127.0.0.1:8265, a dashboard URL" in err and "env -u RAY_ADDRESS" in err, err
     assert "Traceback" not in err

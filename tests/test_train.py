@@ -1,5 +1,6 @@
 """Training: end to end on Ray Train with MLflow, exact resume, clear capacity errors (killed worker: S3 tests)."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
 
 
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
-    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.average_last=1",
-                       "model.dropout=0.1", "train.cooldown=0.5")
+    # Checkpoints at every validation (7, 14, ...) and every 5 updates besides (5, 10, 15, 20, ...).
+    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.checkpoint_every=5",
+                       "train.average_last=1", "model.dropout=0.1", "train.cooldown=0.5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
     straight_run = StopAfter(tmp_path / "straight")
@@ -63,16 +65,20 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
             * cooldown_factor(row["step"] / end, 0.5)
         assert row["lr"] == pytest.approx(expected, rel=1e-6, abs=1e-12), row
     assert rows[-1]["lr"] == 0 < rows[len(rows) // 3]["lr"]
-    stopped, again = StopAfter(tmp_path / "resumed", stop_after=2), StopAfter(tmp_path / "resumed")
-    with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, after the second validation
+    saved = [(r["step"], math.isnan(r["val_bleu"])) for r in straight_run.saved]
+    assert saved[:4] == [(5, True), (7, False), (10, True), (14, False)]
+    stopped, again = StopAfter(tmp_path / "resumed", stop_after=3), StopAfter(tmp_path / "resumed")
+    with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, at the checkpoint of update 10 (no validation)
         train_loop(loop_config, stopped)
+    assert stopped.reports[-1]["step"] == 10
     train_loop(loop_config, again)
     # Had the stop come before the last report reached MLflow (a SIGKILL), nothing is lost: the resumed
     # run's first report carries the checkpoint's report again, values and timestamps unchanged (not the
     # node's system-metric samples, which each report carries once).
     last = stopped.reports[-1]
     own = {k: v for k, v in last.items() if k not in (EARLIER_KEY, FINAL_KEY, NODE_KEY)}
-    assert again.reports[0][EARLIER_KEY][:len(last[EARLIER_KEY]) + 1] == [*last[EARLIER_KEY], own]
+    replayed = again.reports[0][EARLIER_KEY][:len(last[EARLIER_KEY]) + 1]
+    assert repr(replayed) == repr([*last[EARLIER_KEY], own])  # repr: NaN (this checkpoint's val_bleu) equals NaN
     straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
     resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])
     assert straight["progress"]["step"] == resumed["progress"]["step"] > 14

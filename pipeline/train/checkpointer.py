@@ -1,5 +1,6 @@
-"""A replica's checkpoints: saved with every validation's report, the newest loadable one restored on a restart,
-and the last few weights kept for averaging (Sec. 6.1).
+"""A replica's checkpoints: saved with every validation's report (and every train.checkpoint_every updates, and
+on a preemption notice), the newest loadable one restored on a restart, and the last few validations' weights
+kept for averaging (Sec. 6.1).
 
     checkpointer = Checkpointer(updater, tokenizer, model_cfg, cfg, ctx)
     restored = checkpointer.restore(attempt)          # None on a fresh start

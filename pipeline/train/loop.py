@@ -1,5 +1,9 @@
 """The per-worker training loop (plain PyTorch): token-budget batches -> DDP steps -> validation -> report.
 
+A `Replica` holds a worker's model and data and what acts on them (updater, validator, checkpointer,
+reporter); a `Trainer` runs it, and reads as the schedule: each update, then what `Schedule` says that
+update is due for (a progress line, a validation, a checkpoint, a report, a preemption check).
+
 The only code that runs on training workers. Ray (or torchrun) reaches it through a
 WorkerContext; the loop itself knows nothing of either, so the same code trains under
 `nmt train`, inside a Tune trial, and under `torchrun -m pipeline.train.loop`.
@@ -30,7 +34,7 @@ from .prefetch import BatchPrefetcher
 from .progress import Progress
 from .progress_window import HeldReports, Window
 from .reporter import Reporter
-from .schedule import Due, Schedule
+from .schedule import Schedule
 from .shapes import ShapePolicy
 from .updater import Updater
 from .validate import Preempted, Validator
@@ -114,13 +118,19 @@ class Replica:
         """Checkpoint for a preemption notice with the values held back, then hold for the restart (elastic.Holds)."""
         def checkpoint(warning_s: float) -> None:
             self.progress.hold(validating)
-            # val_bleu NaN: Ray Train ranks the checkpoint below every validated one; no score of it is logged.
-            values = {**self.position_metrics(), "val_bleu": float("nan"), "time": time.time(),
-                      "preemption_warning_s": warning_s}
-            self.report(Report(values, held.take()), keep_snapshot=False)
+            self.checkpoint(held, {"preemption_warning_s": warning_s})
 
         self.holds.hold(notice, checkpoint, lambda message: self.say(f"step {self.progress.step}: {message}", True))
         self.progress.released()  # no restart came: the node stays, and so does the run
+
+    def checkpoint(self, held: HeldReports, values: dict) -> None:
+        """A checkpoint without validation (train.checkpoint_every, a preemption notice), with the values held back.
+
+        Its val_bleu is NaN: Ray Train keeps it as the latest and ranks it below every validated one, Tune and
+        MLflow get no score of it, and its weights are not among those averaged at the end.
+        """
+        values = {**values, **self.position_metrics(), "val_bleu": float("nan"), "time": time.time()}
+        self.report(Report(values, held.take()), keep_snapshot=False)
 
     def report(self, report: Report, keep_snapshot: bool = True) -> None:
         """Checkpoint (rank 0 writes the state, every rank its RNG) and send the report with it."""
@@ -155,61 +165,84 @@ def _eta(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
-def _line(replica: Replica, schedule: Schedule, window: Window) -> dict:
-    """A progress line's metrics (a restart's values with the first after it), logged with the ETA."""
-    progress = replica.progress
-    metrics = {**window.close(progress.step), "train_seconds": progress.train_seconds, **replica.position_metrics(),
-               **replica.reporter.restart_values(), "time": time.time()}
-    replica.say(f"step {progress.step}/{schedule.total} epoch {progress.epoch + 1} loss {metrics['train_loss']:.3f} "
-                f"lr {metrics['lr']:.2e} {metrics['tokens_per_s']:,.0f} tok/s "
-                f"ETA {_eta(schedule.remaining_s(progress.step, progress.train_seconds))}")
-    return metrics
+class Trainer:
+    """A replica's run, read as its schedule: an update, then what the schedule says that update is due for."""
 
+    def __init__(self, replica: Replica):
+        self.replica, self.progress = replica, replica.progress
+        self.schedule = Schedule(replica.train_cfg, replica.ctx.device)
+        self.window = Window(replica.ctx.device, self.progress.step)
+        self.held = HeldReports(replica.replayed, replica.train_cfg.report_interval_s)
 
-def _after_line(replica: Replica, held: HeldReports, due: Due, metrics: dict) -> None:
-    """A validation and checkpoint, an early report, or the line's values held back for the next report."""
-    if due.validate:
-        _validation(replica, held, metrics)
-    elif due.report:
-        replica.reporter.send(Report(metrics, held.take()))
-    else:
-        held.hold(metrics)
+    def fit(self) -> None:
+        """Train until the run ends, then evaluate and report the average of the last checkpoints."""
+        if self.progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
+            return
+        if self.progress.pop_validate_first():  # preempted while validating: that validation comes first
+            self.validate({**self.replica.position_metrics(), **self.replica.reporter.restart_values(),
+                           "time": time.time()})
+        while not self.progress.finished:
+            self.epoch()
+        self.replica.average_and_report()
 
+    def epoch(self) -> None:
+        """The rest of the epoch, update by update."""
+        replica, progress = self.replica, self.progress
+        batches = replica.data.begin(progress)  # as many on every rank, at least one
+        self.schedule.begin_epoch(progress.step, progress.train_seconds,
+                                  replica.total_steps(replica.data.full_epoch_batches()))
+        position = progress.batch_in_epoch
+        with replica.prefetch(batches[position:]) as stream:
+            while position < len(batches) and not progress.finished:
+                group = list(itertools.islice(stream, replica.accumulation))
+                self.window.add(replica.updater.update(group))
+                position += len(group)
+                progress.updated(position, self.schedule.train_seconds())
+                replica.updater.cool_down(progress.step, self.schedule.end_step)
+                self.after_update(position >= len(batches))
 
-def _validation(replica: Replica, held: HeldReports, metrics: dict) -> None:
-    """Validate, log the result, then checkpoint and report it with the values held back."""
-    progress = replica.progress
-    metrics.update(replica.validate(held))
-    progress.validated(metrics)
-    replica.say(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
-                f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
-    final = progress.finished and not replica.checkpointer.will_average()
-    replica.report(Report(metrics, held.take(), final))
+    def after_update(self, end_of_epoch: bool) -> None:
+        """What this update is due for, in this order: the progress line; the next epoch's position (so that a
+        checkpoint of this update resumes there); a validation with its checkpoint, a checkpoint alone, the held
+        values sent or held longer; a preemption check."""
+        progress = self.progress
+        due = self.schedule.after_update(progress, end_of_epoch, self.held.waited())
+        metrics = self.line() if due.line else None
+        if end_of_epoch and not progress.finished:
+            progress.next_epoch(self.replica.ctx.world_size)
+        if due.validate:
+            self.validate(metrics)
+        elif due.checkpoint:
+            self.replica.checkpoint(self.held, metrics or {})
+        elif due.report:
+            self.replica.reporter.send(Report(metrics, self.held.take()))
+        elif metrics is not None:
+            self.held.hold(metrics)
+        if metrics is not None:
+            self.window.restart(progress.step)  # windows leave validation and checkpoints out
+        if not progress.finished and self.schedule.notices.due(progress.step) \
+                and (notice := self.replica.holds.notice()) is not None:
+            self.replica.hold(notice, self.held)
 
+    def line(self) -> dict:
+        """A progress line's metrics (a restart's values with the first after it), logged with the ETA."""
+        replica, progress, schedule = self.replica, self.progress, self.schedule
+        metrics = {**self.window.close(progress.step), "train_seconds": progress.train_seconds,
+                   **replica.position_metrics(), **replica.reporter.restart_values(), "time": time.time()}
+        replica.say(f"step {progress.step}/{schedule.total} epoch {progress.epoch + 1} "
+                    f"loss {metrics['train_loss']:.3f} lr {metrics['lr']:.2e} {metrics['tokens_per_s']:,.0f} tok/s "
+                    f"ETA {_eta(schedule.remaining_s(progress.step, progress.train_seconds))}")
+        return metrics
 
-def _train_epoch(replica: Replica, schedule: Schedule, window: Window, held: HeldReports) -> None:
-    """The rest of the epoch: updates with their progress lines, validations and preemption checks."""
-    progress = replica.progress
-    batches = replica.data.begin(progress)  # as many on every rank, at least one
-    schedule.begin_epoch(progress.step, progress.train_seconds, replica.total_steps(replica.data.full_epoch_batches()))
-    position = progress.batch_in_epoch
-    with replica.prefetch(batches[position:]) as stream:
-        while position < len(batches) and not progress.finished:
-            group = list(itertools.islice(stream, replica.accumulation))
-            window.add(replica.updater.update(group))
-            position += len(group)
-            progress.updated(position, schedule.train_seconds())
-            replica.updater.cool_down(progress.step, schedule.end_step)
-            due = schedule.after_update(progress, position >= len(batches), held.waited())
-            metrics = _line(replica, schedule, window) if due.line else None
-            if position >= len(batches) and not progress.finished:
-                progress.next_epoch(replica.ctx.world_size)  # before this update's checkpoint: it resumes there
-            if metrics is not None:
-                _after_line(replica, held, due, metrics)
-                window.restart(progress.step)  # windows leave validation out
-            if not progress.finished and schedule.notices.due(progress.step) \
-                    and (notice := replica.holds.notice()) is not None:
-                replica.hold(notice, held)
+    def validate(self, metrics: dict) -> None:
+        """Validate, log the result, then checkpoint and report it with the values held back."""
+        replica, progress = self.replica, self.progress
+        metrics.update(replica.validate(self.held))
+        progress.validated(metrics)
+        replica.say(f"validation at step {progress.step}: val_loss {metrics['val_loss']:.3f} "
+                    f"val_bleu {metrics['val_bleu']:.2f} val_chrf {metrics['val_chrf']:.2f}")
+        final = progress.finished and not replica.checkpointer.will_average()
+        replica.report(Report(metrics, self.held.take(), final))
 
 
 def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
@@ -220,16 +253,7 @@ def train_loop(loop_config: dict, ctx: WorkerContext | None = None) -> None:
     ctx = ctx or RayContext()
     replica = Replica(config_from_dict(args.config), args.data_path, ctx, args.init, args.attempt)
     replica.announce()
-    progress, schedule = replica.progress, Schedule(replica.train_cfg, ctx.device)
-    if progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
-        return
-    window, held = Window(ctx.device, progress.step), HeldReports(replica.replayed, replica.train_cfg.report_interval_s)
-    if progress.pop_validate_first():  # preempted while validating: that validation comes first
-        _validation(replica, held, {**replica.position_metrics(), **replica.reporter.restart_values(),
-                                    "time": time.time()})
-    while not progress.finished:
-        _train_epoch(replica, schedule, window, held)
-    replica.average_and_report()
+    Trainer(replica).fit()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""When each update logs, validates, reports and ends the run: the same answer on every rank.
+"""When each update logs, validates, checkpoints, reports and ends the run: the same answer on every rank.
 
 Every rank must stop at the same update (or the next all-reduce hangs) and report together (a
 report is a barrier), so what depends on a rank's own clock (the time budget, the report interval)
@@ -24,6 +24,7 @@ class Due:
 
     line: bool  # a progress line: the window's one host sync, metrics, the ETA
     validate: bool  # validation, a checkpoint and a report (also at the run's last update)
+    checkpoint: bool  # a checkpoint and a report without validation (train.checkpoint_every)
     report: bool  # the held progress values go out now: the report interval has passed on some rank
 
 
@@ -72,4 +73,6 @@ class Schedule:
                 self.end_step = min(self.total, round(step * cfg.time_budget_s * 1000 / elapsed_ms))
         if end_of_epoch and progress.epoch + 1 >= cfg.epochs or out_of_steps:
             progress.finish()
-        return Due(line or validate or progress.finished, validate or progress.finished, bool(report))
+        validate |= progress.finished
+        checkpoint = not validate and bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+        return Due(line or validate, validate, checkpoint, bool(report))
