@@ -60,6 +60,7 @@ def restart(server, down_s: float, stopped: dict) -> None:
     stopped["back"] = time.monotonic()
 
 
+@pytest.mark.rehearse  # a whole `nmt train` with a server restart and a search of every file it wrote
 def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows_anywhere(
         ray_session, restarting_server, tmp_path):
     """`nmt train` on the session's Ray with the password in its config file's tracking URI (MLflow's variables

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.rehearse, pytest.mark.timeout(900)]  # two whole sweeps at once
 
 
 def test_two_sweeps_on_one_sqlite_store_at_once_both_complete(ray_session, tmp_path):

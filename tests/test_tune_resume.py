@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 from stores import sqlite_uri
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.rehearse, pytest.mark.timeout(1200)]  # three drivers: a whole path
 MAX_STEPS = 160  # the interrupted trial's; the one that finishes first trains SHORT
 SHORT = 40
 # Each stop waits for a window of several validations (every 20 updates): results reach MLflow in
