@@ -141,7 +141,8 @@ class TrainConfig:
     beam_size: PositiveInt = 4  # beam of validation decoding and of the packaged model
     length_penalty: NonNegativeFloat = 0.6  # beam search length penalty alpha
     keep_checkpoints: PositiveInt = 3  # checkpoints kept: the best by val_bleu, plus the latest
-    average_last: PositiveInt = 5  # average the weights of the last N validations at the end (Sec. 6.1)
+    average_last: PositiveInt = 5  # average the last N weights kept (Sec. 6.1) at the end and keep it if it wins
+    average_every: NonNegativeInt = 0  # updates between the weights kept for that average; 0: each validation's
     storage_path: str = "runs"  # Ray Train / Tune results and checkpoints: local path or storage URI
     run_name: str = ""  # "": a hash of the config; the same name resumes the run
     max_failures: NonNegativeInt = 0  # restarts from the latest checkpoint after a worker failure

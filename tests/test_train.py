@@ -86,6 +86,23 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
         assert torch.allclose(tensor, resumed["model"][name], atol=1e-6, rtol=0), name
 
 
+def test_the_weights_averaged_at_the_end_are_kept_at_their_own_cadence_apart_from_validation(ray_session, workdir,
+                                                                                           tmp_path):
+    """One validation, at the last update; weights kept every 4 updates: the average is of updates 8, 12 and 16
+    (average_last 3), reported after the last validation. Kept only at validations, there would be one: no average."""
+    runs = {}
+    for every in (4, 0):
+        cfg = small_config(workdir, "train.max_steps=16", "train.epochs=100", "train.val_interval=0",
+                           "train.average_last=3", f"train.average_every={every}", "train.checkpoint_every=0")
+        manifest = prepare(cfg.data)
+        runs[every] = StopAfter(tmp_path / str(every))
+        train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, runs[every])
+    validated = [(r["step"], r.get("averaged")) for r in runs[4].saved if math.isfinite(r["val_bleu"])]
+    assert validated == [(16, None), (16, 3)], validated
+    assert runs[4].saved[-1][FINAL_KEY] and not runs[4].saved[0][FINAL_KEY]
+    assert [(r["step"], r.get("averaged")) for r in runs[0].saved] == [(16, None)] and runs[0].saved[-1][FINAL_KEY]
+
+
 def test_a_compiled_model_trains_like_the_eager_one_and_a_time_budget_ends_at_a_validation(ray_session, workdir,
                                                                                               tmp_path):
     # No progress line before step 1000: the budget (long spent after one step) must stop the run at

@@ -104,8 +104,8 @@ class Checkpointer:
         self.snapshots = [*self.snapshots, weights][-self.cfg.average_last:]
 
     def will_average(self) -> bool:
-        """Whether average() will have two snapshots or more, counting the one the next checkpoint keeps."""
-        return min(len(self.snapshots) + 1, self.cfg.average_last) >= 2
+        """Whether average() will have two snapshots or more (the last update's is kept before its validation)."""
+        return min(len(self.snapshots), self.cfg.average_last) >= 2
 
     def average(self) -> int:
         """Load the average of the kept snapshots into the model; how many it averaged (0: fewer than two)."""

@@ -130,12 +130,10 @@ class Replica:
         MLflow get no score of it, and its weights are not among those averaged at the end.
         """
         values = {**values, **self.position_metrics(), "val_bleu": float("nan"), "time": time.time()}
-        self.report(Report(values, held.take()), keep_snapshot=False)
+        self.report(Report(values, held.take()))
 
-    def report(self, report: Report, keep_snapshot: bool = True) -> None:
+    def report(self, report: Report) -> None:
         """Checkpoint (rank 0 writes the state, every rank its RNG) and send the report with it."""
-        if keep_snapshot:
-            self.checkpointer.keep_snapshot()
         self.progress.record_seen(self.data.seen(self.progress))  # every rank: a resize goes on from exactly here
         directory = self.checkpointer.save(self.progress, report.values, list(report.earlier))
         self.reporter.send(report, directory)
@@ -151,8 +149,7 @@ class Replica:
         metrics = {**self.validator.score(unwrap(self.updater.wrapped), ask=False), "averaged": averaged}
         self.say(f"average of the last {averaged} checkpoints: val_bleu {metrics['val_bleu']:.2f} "
                  f"(best single {self.progress.best_bleu():.2f})")
-        self.report(Report({**self.position_metrics(), **metrics, "time": time.time()}, final=True),
-                    keep_snapshot=False)
+        self.report(Report({**self.position_metrics(), **metrics, "time": time.time()}, final=True))
 
     def position_metrics(self) -> dict:
         """Where training stands (step, epoch, workers) and the learning rate: part of every report."""
@@ -179,6 +176,8 @@ class Trainer:
         if self.progress.finished:  # a rerun of a finished run: nothing to train, nothing to average again
             return
         if self.progress.pop_validate_first():  # preempted while validating: that validation comes first
+            if not self.replica.train_cfg.average_every:
+                self.replica.checkpointer.keep_snapshot()
             self.validate({**self.replica.position_metrics(), **self.replica.reporter.restart_values(),
                            "time": time.time()})
         while not self.progress.finished:
@@ -202,12 +201,14 @@ class Trainer:
                 self.after_update(position >= len(batches))
 
     def after_update(self, end_of_epoch: bool) -> None:
-        """What this update is due for, in this order: the progress line; the next epoch's position (so that a
-        checkpoint of this update resumes there); a validation with its checkpoint, a checkpoint alone, the held
-        values sent or held longer; a preemption check."""
+        """What this update is due for, in this order: the progress line; the weights kept for the final average;
+        the next epoch's position (so that a checkpoint of this update resumes there); a validation with its
+        checkpoint, a checkpoint alone, the held values sent or held longer; a preemption check."""
         progress = self.progress
         due = self.schedule.after_update(progress, end_of_epoch, self.held.waited())
         metrics = self.line() if due.line else None
+        if due.snapshot:
+            self.replica.checkpointer.keep_snapshot()
         if end_of_epoch and not progress.finished:
             progress.next_epoch(self.replica.ctx.world_size)
         if due.validate:

@@ -25,6 +25,7 @@ class Due:
     line: bool  # a progress line: the window's one host sync, metrics, the ETA
     validate: bool  # validation, a checkpoint and a report (also at the run's last update)
     checkpoint: bool  # a checkpoint and a report without validation (train.checkpoint_every)
+    snapshot: bool  # the weights kept for the final average (train.average_every; else each validation's)
     report: bool  # the held progress values go out now: the report interval has passed on some rank
 
 
@@ -75,4 +76,5 @@ class Schedule:
             progress.finish()
         validate |= progress.finished
         checkpoint = not validate and bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-        return Due(line or validate, validate, checkpoint, bool(report))
+        snapshot = validate if not cfg.average_every else step % cfg.average_every == 0
+        return Due(line or validate, validate, checkpoint, snapshot, bool(report))
