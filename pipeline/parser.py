@@ -164,10 +164,9 @@ def _add_model_commands(commands: _Commands, address: argparse.ArgumentParser) -
                       ["nmt promote --name transformer-nmt-wmt14-en-de --config configs/wmt14_en_de.yaml",
                        "nmt promote --data s3://bucket/nmt/prepared/demo-en-de-0123abcd", "nmt promote 3"],
                       config=True)
-    promote.add_argument("version", nargs="?",
-                         help="pin @champion to this version (only later versions compete with it); without it, "
-                              "each candidate run's own model is scored here on the validation split, registered "
-                              "as a copy, and the best becomes champion")
+    promote.add_argument("version", nargs="?", help="pin @champion to this version (only later ones compete with "
+                         "it); else each candidate run's own model is scored here on the validation split, "
+                         "registered as a copy, and the best becomes champion")
     promote.add_argument("--name", help="registered model name (default: tracking.registered_model)")
     promote.add_argument("--data", help="the prepared dataset whose validation split scores the candidates "
                                         "(default: the one --config and --set data.* prepare)")
