@@ -8,15 +8,15 @@ object storage. A local S3-compatible server (moto) is the only storage the node
 person. From a "laptop" directory that sees no node's files, through the dashboard at 127.0.0.1
 (as a tunnel gives it) and with a person's password in the tracking URI, `nmt submit` runs: a
 local store refused; prepare; train on 2 nodes, one of which is killed once a checkpoint is
-registered and replaced by a new node; a 1-trial tune. Their models are candidates the person's
-login may not register: `nmt promote`, run on the laptop with the promoting login (never in a job),
-scores each on the prepared validation split, registers a copy and moves @champion; an evaluation
-job scores it; then `serve deploy` of the champion (the nodes' read-only serving login) and one
-request to it.
+registered and replaced by a new node. The run's model is a candidate the person's login may not
+register: `nmt promote`, run on the laptop with the promoting login (never in a job), scores it on
+the prepared validation split, registers a copy and moves @champion, then promotes that version by
+hand. Sweeps, evaluation jobs and `serve deploy` are rehearsed by the team's day
+(tests/test_team_day.py), on a cluster that `ray up` starts.
 
     python benchmarks/cluster_rehearsal.py [--out result.json] [--keep DIR]
 
-Needs root (mount namespaces); about 5 minutes on 2 cores. Prints its figures as one JSON line (--out:
+Needs root (mount namespaces); about 3 minutes on 2 cores. Prints its figures as one JSON line (--out:
 everything it saw). tests/test_cluster_rehearsal.py runs it.
 """
 
@@ -31,11 +31,9 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-import yaml
-from rehearsal_cluster import BIN, BUCKET, Rehearsal, free_port, mlflow_login, wait_http
+from rehearsal_cluster import BUCKET, Rehearsal, mlflow_login
 
 ROOT = Path(__file__).resolve().parents[1]
 # The rehearsal's model and data: small enough that every stage takes seconds on a CPU.
@@ -44,7 +42,6 @@ SMALL = ["data.demo_sizes={train: 2000, validation: 60, test: 60}", "data.vocab_
          "train.warmup_steps=30", "train.log_every=5", "train.beam_size=1", "train.average_last=1",
          "train.resource_wait_s=120", "tracking.experiment=rehearsal", "tracking.system_metrics_s=0"]
 MODEL = "transformer-nmt-demo-en-de"
-CHAMPION = f"models:/{MODEL}@champion"
 
 
 def checkpoint_registered(rehearsal: Rehearsal, prefix: str) -> bool:
@@ -114,32 +111,22 @@ def run(rehearsal: Rehearsal) -> dict:
     log = (r.root / "train.out").read_text()
     out["train"] = {"exit": process.returncode, "job": job_id(log), "lost_node": lost, "tail": log[-2500:]}
 
-    tune = ["tune", *common, "--space", "tune_spaces/demo_quick.yaml", "--set", "tune.num_samples=1",
-            "--set", "tune.scheduler=fifo", "--set", "train.num_workers=1", "--set", "train.max_steps=30",
-            "--set", "train.val_interval=15", "--set", f"train.storage_path={runs}",
-            "--set", "tune.name=rehearsal-tune"]
-    tuned = r.submit("tune", tune)
-    out["tune"] = {"exit": tuned.returncode, "job": job_id(tuned), "tail": output(tuned)[-2000:]}
-
-    # 3. The champion: each candidate scored by the promoting login on the laptop (the validation split of the
-    # data prepared on S3, read with the promoter's own AWS login), a copy registered, the best crowned; then
-    # version 1 (the training run's) promoted by hand, and scored on the prepared test split by a job.
+    # 3. The champion: the candidate scored by the promoting login on the laptop (the validation split of the
+    # data prepared on S3, read with the promoter's own AWS login), a copy registered and crowned; then that
+    # version promoted by hand.
     login = {"MLFLOW_TRACKING_URI": r.mlflow, "MLFLOW_TRACKING_USERNAME": "promoter",
              "MLFLOW_TRACKING_PASSWORD": r.promoter_password, **r.aws}
     data = ["--config", str(ROOT / "configs" / "demo.yaml"),  # its runs go to the promoter's own experiment
             *[x for s in SMALL if not s.startswith("tracking.experiment=") for x in ("--set", s)],
             "--set", f"data.output_dir=s3://{BUCKET}/prepared"]
     promote = [sys.executable, "-m", "pipeline", "promote", "--name", MODEL]
+    t0 = time.monotonic()
     decided = r.laptop([*promote, *data], timeout_s=300, **login)
     by_hand = r.laptop([*promote, "1"], timeout_s=300, **login)
+    r.timings["promote"] = round(time.monotonic() - t0, 1)
     out["promote"] = {"exit": decided.returncode or by_hand.returncode, "decided": decided.stdout[-800:],
                       "by_hand": by_hand.stdout[-300:], "tail": (decided.stderr + by_hand.stderr)[-1500:]}
     (r.root / "promote.out").write_text(decided.stdout + decided.stderr + by_hand.stdout + by_hand.stderr)
-    scored = r.submit("evaluate", ["evaluate", "--split", "test", "--beam", "1", *common])
-    out["evaluate"] = {"exit": scored.returncode, "job": job_id(scored), "tail": output(scored)[-800:]}
-
-    # 4. Serving: deploy/serve_config.yaml pointed at the champion, deployed through the dashboard.
-    out["serve"] = serve(r)
     out["mlflow"] = server_view(r)
     out["jobs"] = r.job_records()
     out["timings_s"] = {**r.timings, "total": round(time.monotonic() - started, 1)}
@@ -166,39 +153,7 @@ def server_view(r: Rehearsal) -> dict:
         view["versions"] = len(client.search_model_versions(f"name = '{champion.name}'"))
         view["run_tags"] = {run.info.run_name: {k: v for k, v in run.data.tags.items()
                                                 if k in ("mlflow.user", "mlflow.source.git.commit")} for run in runs}
-        evaluation = next(run for run in runs if run.data.tags.get("nmt.kind") == "evaluation")
-        view["evaluation"] = {"metrics": evaluation.data.metrics, "model_version": evaluation.data.tags.get(
-            "model_version"), "registered_model": evaluation.data.tags.get("registered_model")}
         return view
-
-
-def serve(r: Rehearsal) -> dict:
-    """`serve deploy` of the champion from the laptop; one translation request; `serve shutdown`."""
-    config = yaml.safe_load((ROOT / "deploy" / "serve_config.yaml").read_text())
-    port = free_port()
-    # One machine holds every node here: the proxy runs on the head only, on loopback.
-    config.update(proxy_location="HeadOnly", http_options={**config["http_options"], "host": "127.0.0.1", "port": port})
-    app = config["applications"][0]
-    app["args"]["model_uri"] = CHAMPION
-    deployment = app["deployments"][0]
-    deployment["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
-    deployment["ray_actor_options"]["num_cpus"] = 1
-    path = r.root / "serve_config.yaml"  # beside the laptop directory, which stays untouched
-    path.write_text(yaml.safe_dump(config))
-    t0 = time.monotonic()
-    deployed = r.laptop([str(BIN / "serve"), "deploy", str(path), "--address", r.dashboard])
-    result = {"deploy_exit": deployed.returncode, "deploy_output": (deployed.stdout + deployed.stderr)[-1500:]}
-    if deployed.returncode == 0:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/healthz", 240)
-        request = urllib.request.Request(f"{url}/translate", data=json.dumps({"texts": ["the dog sees a house ."]})
-                                         .encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            result["response"] = json.loads(response.read())
-        result["seconds_to_first_answer"] = round(time.monotonic() - t0, 1)
-        r.laptop([str(BIN / "serve"), "shutdown", "-y", "--address", r.dashboard], timeout_s=120)
-    r.timings["serve"] = round(time.monotonic() - t0, 1)
-    return result
 
 
 def main() -> int:
@@ -224,15 +179,14 @@ def main() -> int:
 
 
 def summary(result: dict) -> dict:
-    """The figures of a rehearsal: seconds per step, the lost node, what the server and the service show."""
+    """The figures of a rehearsal: seconds per step, the lost node, what the tracking server shows."""
     runs = result["mlflow"]["runs"]
     return {"seconds": result["timings_s"], "lost_node_after_s": result["train"]["lost_node"].get("after_s"),
             "resumed_from_step": [value for _, value in result["mlflow"]["resumed_from_step"]],
             "runs_finished": f"{sum(r['status'] == 'FINISHED' for r in runs)}/{len(runs)}",
             "jobs_succeeded": f"{sum(j['status'] == 'SUCCEEDED' for j in result['jobs'])}/{len(result['jobs'])}",
             "local_store_refused": result["local_store"]["exit"] == 2,
-            "champion_version": result["mlflow"]["champion"]["version"],
-            "served_version": result["serve"].get("response", {}).get("model_version")}
+            "champion_version": result["mlflow"]["champion"]["version"]}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Stop the `nmt train` driver with SIGINT, then with SIGKILL; each rerun resumes one MLflow run to the end."""
+"""Stop the `nmt train` driver with SIGINT, then with SIGKILL; each rerun resumes one MLflow run to the end, the
+last one from an earlier checkpoint when the latest ones are truncated (as by a full disk)."""
 
 import signal
 import subprocess
@@ -10,8 +11,19 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 from stores import sqlite_uri
 
+from pipeline.common import checkpoint
+from pipeline.common.errors import UserError
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MAX_STEPS = 200
+
+
+def step_of(directory) -> int | None:
+    """The update a checkpoint directory was saved at, None if it does not load."""
+    try:
+        return checkpoint.load(directory)["progress"]["step"]
+    except UserError:
+        return None
 
 
 def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run(ray_session, tmp_path):
@@ -19,7 +31,8 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
     command = nmt("train", "--config", "configs/demo.yaml", address=ray_session.get_runtime_context().gcs_address,
                   sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
                         f"tracking.tracking_uri={uri}", "tracking.experiment=driver", "train.run_name=driver",
-                        f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100"])
+                        f"train.max_steps={MAX_STEPS}", "train.val_interval=20", "train.epochs=100",
+                        "train.keep_checkpoints=20"])
     client = MlflowClient(uri)
 
     def runs():
@@ -51,9 +64,20 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
     assert code == -signal.SIGKILL
     assert "resumed from step" in log, log[-3000:]
 
+    # The newest two checkpoints truncated: the killed driver may have written the newest without Ray Train
+    # registering it, so the next one is Ray Train's latest, and the run falls back past it to an earlier one.
+    by_step = {step_of(d): d for d in (tmp_path / "runs" / "driver").glob("checkpoint_*") if d.is_dir()}
+    by_step.pop(None, None)  # one the kill left half-written
+    assert len(by_step) >= 3, sorted(by_step)
+    for step in sorted(by_step)[-2:]:
+        model_file = by_step[step] / checkpoint.MODEL_FILE
+        model_file.write_bytes(model_file.read_bytes()[:1000])
+    earlier = sorted(by_step)[-3]
+
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "resumed from step" in again.stderr
+    assert "falling back to the checkpoint before it" in again.stderr, again.stderr[-4000:]
+    assert f"resumed from step {earlier} " in again.stderr, again.stderr[-4000:]
     (run,) = runs()  # one MLflow run across the three commands, now complete
     assert run.info.status == "FINISHED"
     train_steps = steps("train_loss")
@@ -61,5 +85,6 @@ def test_a_stopped_train_driver_resumes_from_its_checkpoint_without_a_second_run
     # Work up to the first checkpoint was never redone; every update was done at least once.
     assert all(train_steps.count(s) == 1 for s in train_steps if s <= first_checkpoint), sorted(train_steps)
     assert set(range(5, MAX_STEPS + 1, 5)) <= set(train_steps)
+    assert train_steps.count(earlier + 5) >= 2, sorted(train_steps)  # trained again after the fallback
     versions = client.search_model_versions(f"run_id = '{run.info.run_id}'")
     assert len(versions) == 1  # registered once, by the run that finished

@@ -1,4 +1,5 @@
-"""Stop the `nmt tune` driver with SIGINT, then SIGKILL; --resume redoes no finished work, duplicates no runs."""
+"""Stop the `nmt tune` driver with SIGINT; --resume redoes no finished work, duplicates no runs. (A driver lost
+outright, its head node restarted under it, is the team's day's: test_team_day.py.)"""
 
 import signal
 import subprocess
@@ -10,19 +11,19 @@ from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 from stores import sqlite_uri
 
-pytestmark = [pytest.mark.slow, pytest.mark.rehearse, pytest.mark.timeout(1200)]  # three drivers: a whole path
-MAX_STEPS = 160  # the interrupted trial's; the one that finishes first trains SHORT
+pytestmark = [pytest.mark.slow, pytest.mark.rehearse, pytest.mark.timeout(1200)]  # two drivers: a whole path
+MAX_STEPS = 120  # the interrupted trial's; the one that finishes first trains SHORT
 SHORT = 40
-# Each stop waits for a window of several validations (every 20 updates): results reach MLflow in
+# The stop waits for a window of several validations (every 20 updates): results reach MLflow in
 # bursts on a loaded machine, and a window of one or two validations was missed there.
 FIRST_STOP = 80
 
 
 def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
-    # A short trial first (grid order), then the long one that the stops interrupt.
+    # A short trial first (grid order), then the long one that the stop interrupts.
     (tmp_path / "space.yaml").write_text(f"train.max_steps: {{grid: [{SHORT}, {MAX_STEPS}]}}\n")
     uri = sqlite_uri(tmp_path)
-    # One trial at a time, so the kill lands between a finished trial and an early, checkpointed one.
+    # One trial at a time, so the stop lands between a finished trial and an early, checkpointed one.
     command = nmt("tune", "--config", "configs/demo.yaml", "--space", str(tmp_path / "space.yaml"),
                   address=ray_session.get_runtime_context().gcs_address,
                   sets=[*SMALL, f"data.output_dir={data_dir(tmp_path)}", f"train.storage_path={tmp_path / 'runs'}",
@@ -60,14 +61,8 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
     assert [r.info.status for r in sweep_run] == ["KILLED"]
     finished_before = {r.data.tags["nmt.trial_id"]: r.info.run_id for r in trial_runs() if r.info.status == "FINISHED"}
     history_before = {t: steps(run_id, "val_bleu") for t, run_id in finished_before.items()}
-    (killed_run,) = [r.info.run_id for r in trial_runs() if r.info.status != "FINISHED"]
-    checkpointed = max(steps(killed_run, "val_bleu"))
-
-    # Resumed, then killed outright once the interrupted trial has validated (and checkpointed) again.
-    code, log = run_until([*command, "--resume"], lambda: any(
-        r.info.run_id == killed_run and checkpointed < validated(r) < MAX_STEPS for r in trial_runs()),
-        tmp_path / "sigkill.log", signal.SIGKILL)
-    assert code == -signal.SIGKILL
+    (stopped_run,) = [r.info.run_id for r in trial_runs() if r.info.status != "FINISHED"]
+    checkpointed = max(steps(stopped_run, "val_bleu"))
 
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
@@ -76,9 +71,9 @@ def test_a_stopped_sweep_driver_resumes_without_rerunning_finished_trials(ray_se
         [(r.info.run_name, r.info.status) for r in runs]  # no duplicate runs, both complete
     for trial_id, run_id in finished_before.items():  # the finished trial was not trained again
         assert steps(run_id, "val_bleu") == history_before[trial_id]
-    assert {r.info.run_id for r in runs} == {killed_run, *finished_before.values()}
+    assert {r.info.run_id for r in runs} == {stopped_run, *finished_before.values()}
     # The interrupted trial continued from its checkpoints: updates before the first were logged once.
-    train_steps = steps(killed_run, "train_loss")
+    train_steps = steps(stopped_run, "train_loss")
     assert max(train_steps) == MAX_STEPS
     assert all(train_steps.count(s) == 1 for s in train_steps if s <= checkpointed), sorted(train_steps)
-    assert max(steps(killed_run, "val_bleu")) == MAX_STEPS
+    assert max(steps(stopped_run, "val_bleu")) == MAX_STEPS
