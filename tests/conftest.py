@@ -210,7 +210,7 @@ def mlflow_auth_server(tmp_path_factory, postgres):
             for name, password in logins.items():
                 create_user(server.uri, name, password)
             team_model(server.uri, TEAM_MODEL, "promoter")
-        yield types.SimpleNamespace(uri=server.uri, root=root, process=server.process, user="trainer",
+        yield types.SimpleNamespace(uri=server.uri, root=root, server=server, user="trainer",
                                     password=logins["trainer"], admin_password=server.admin_password,
                                     logins=logins, team_model=TEAM_MODEL)
 

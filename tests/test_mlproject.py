@@ -1,5 +1,7 @@
 """The MLproject: `mlflow run . -e train` trains, and the run MLflow makes for it is the training run."""
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -8,6 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from small import ROOT, SMALL, data_dir
 from stores import sqlite_uri
+
+from pipeline.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -18,11 +22,12 @@ def test_mlflow_run_of_the_train_entry_point_trains_into_the_run_mlflow_made(ray
                  f"tracking.tracking_uri={uri}", "tracking.experiment=mlproject", "train.max_steps=20",
                  "train.val_interval=20"]
     # Entry points take a config file: the resolved config of the small demo, as `nmt config` prints it.
-    resolved = subprocess.run([sys.executable, "-m", "pipeline", "config", "--config", "configs/demo.yaml",
-                               *(arg for item in overrides for arg in ("--set", item))],
-                              cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["config", "--config", str(ROOT / "configs" / "demo.yaml"),
+                     *(arg for item in overrides for arg in ("--set", item))]) == 0
     config = tmp_path / "small.yaml"
-    config.write_text(resolved.stdout)
+    config.write_text(printed.getvalue())
     # The entry point's command is `nmt ...`, found on PATH as in an activated environment.
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri,
            "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,29 +29,27 @@ def ray_session_logs(ray) -> Path:
     return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
 
 
-@pytest.fixture(scope="module")
-def restarting_server(postgres, tmp_path_factory):
-    """An MLflow server with logins on PostgreSQL, of this module's own: its tests stop and start it again.
+@pytest.fixture
+def restarting_server(mlflow_auth_server):
+    """The session's MLflow server with logins, which these tests stop and start again (they log in as `trainer`).
 
-    The store lives in PostgreSQL, so a restarted server has every run and metric logged before.
+    Its store lives in PostgreSQL, so the restarted server has every login, run and metric it had; it is
+    running again when each test ends, whatever happened in it.
     """
-    import secrets
+    import types
 
-    from mlflow_users import create_user
-    from servers import MlflowServer
-
-    server = MlflowServer(tmp_path_factory.mktemp("restarting"), postgres.database("mlflow_restarting"), auth=True,
-                          auth_backend=postgres.database("mlflow_restarting_auth"))
-    server.password = secrets.token_urlsafe(16)
-    with server:
-        with server.admin():
-            create_user(server.uri, "trainer", server.password)
-        yield server
+    server = mlflow_auth_server.server
+    try:
+        yield types.SimpleNamespace(uri=server.uri, password=mlflow_auth_server.password, stop=server.stop,
+                                    start=server.start)
+    finally:
+        if server.process is None or server.process.poll() is not None:
+            server.stop()
+            server.start()
 
 
-# A short outage is enough to be one: the server takes a few seconds more to start, and the logger's backoff
-# (1 s, doubling) has tried several times before it answers.
-DOWN_S = 4
+# A short outage is enough to be one: the logger's backoff (1 s, doubling) has tried twice before the gate opens.
+DOWN_S = 2
 
 
 def restart(server, down_s: float, stopped: dict) -> None:
@@ -58,6 +59,71 @@ def restart(server, down_s: float, stopped: dict) -> None:
     time.sleep(down_s)
     server.start()
     stopped["back"] = time.monotonic()
+
+
+class Gate:
+    """A proxy on a port of its own in front of the MLflow server: it passes requests on, answers 503 while
+    `refusing` (as MLflow does when its database pool is exhausted), and refuses every connection while closed
+    (as a stopped server does) without stopping the server behind it."""
+
+    def __init__(self, target: str):
+        self.target, self.refusing, self.port = target, False, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.listening = None
+        self.open()
+
+    def open(self) -> None:
+        """Listen (again) on the gate's port."""
+        listening = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), _GateHandler)
+        listening.gate = self
+        threading.Thread(target=listening.serve_forever, daemon=True).start()
+        self.listening = listening
+
+    def close(self) -> None:
+        """Stop listening: a connection to the port is refused until open()."""
+        listening, self.listening = self.listening, None
+        if listening is not None:
+            listening.shutdown()
+            listening.server_close()
+
+    def reopen_after(self, seconds: float) -> threading.Timer:
+        """close() now and open() again in `seconds`, on a timer thread."""
+        self.close()
+        timer = threading.Timer(seconds, self.open)
+        timer.start()
+        return timer
+
+
+class _GateHandler(http.server.BaseHTTPRequestHandler):
+    """The Gate's requests: 503 while it refuses, else passed on to the server and its answer passed back."""
+
+    def _answer(self):
+        gate = self.server.gate
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if gate.refusing:
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error_code": "TEMPORARILY_UNAVAILABLE", "message": "pool exhausted"}')
+            return
+        request = urllib.request.Request(gate.target + self.path, data=body or None, method=self.command,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        try:
+            answer = urllib.request.urlopen(request, timeout=30)
+        except urllib.error.HTTPError as refused:  # a 4xx or 5xx answer is passed back as it is
+            answer = refused
+        with answer:
+            payload = answer.read()
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
 
 
 @pytest.mark.rehearse  # a whole `nmt train` with a server restart and a search of every file it wrote
@@ -122,88 +188,53 @@ def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows
     assert not found, found
 
 
-def test_a_run_ending_while_its_server_restarts_is_finished_and_its_last_metrics_arrive(restarting_server, caplog):
-    """The last report and the run's end meet a stopped server: both are retried until it is back."""
+def test_a_run_ending_while_its_server_is_away_is_finished_and_its_last_metrics_arrive(mlflow_auth_server, caplog):
+    """The last report and the run's end meet a server that refuses connections: both are retried until it is back."""
     import logging
 
     from pipeline.track import reports, tracking
 
-    server = restarting_server
-    with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=server.password,
-                     MLFLOW_TRACKING_TOKEN=None, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-                     MLFLOW_HTTP_REQUEST_TIMEOUT="5"):
-        client = MlflowClient(server.uri)
-        with caplog.at_level(logging.WARNING, logger="pipeline"):
-            with tracking.mlflow_run(server.uri, "ends", "run-a", {}, {}) as run:
-                logger = reports.MetricLogger(run)
-                stopped: dict[str, float] = {}
-                restarter = threading.Thread(target=restart, args=(server, DOWN_S, stopped), daemon=True)
-                restarter.start()
-                while "at" not in stopped:
-                    time.sleep(0.1)
-                logger.log(Report({"step": 1, "time": time.time(), "train_loss": 2.0}))  # kept: the server is down
-                assert len(logger.pending) == 1 and logger.backoff_s >= 1.0
-                logger.log(Report({"step": 2, "time": time.time(), "train_loss": 1.0}, final=True))  # waits for it
-                assert not logger.pending and stopped.get("back")
-                restarter.join(timeout=60)
-                run.end_tags["note"] = "ended"
-                stopped.clear()  # down again as the run ends: the end waits for it too
-                restarter = threading.Thread(target=restart, args=(server, DOWN_S, stopped), daemon=True)
-                restarter.start()
-                while "at" not in stopped:
-                    time.sleep(0.1)
-            assert stopped.get("back")
-            restarter.join(timeout=60)
-        found = client.get_run(run.id)
-        assert found.info.status == "FINISHED" and found.data.tags["note"] == "ended"
-        assert [(m.step, m.value) for m in sorted(client.get_metric_history(run.id, "train_loss"),
-                                                   key=lambda m: m.step)] == [(1, 2.0), (2, 1.0)]
-    assert "answers again" in caplog.text
+    gate = Gate(mlflow_auth_server.uri)
+    try:
+        with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=mlflow_auth_server.password,
+                         MLFLOW_TRACKING_TOKEN=None, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+                         MLFLOW_HTTP_REQUEST_TIMEOUT="5"):
+            client = MlflowClient(mlflow_auth_server.uri)
+            with caplog.at_level(logging.WARNING, logger="pipeline"):
+                with tracking.mlflow_run(gate.uri, "ends", "run-a", {}, {}) as run:
+                    logger = reports.MetricLogger(run)
+                    reopening = gate.reopen_after(DOWN_S)
+                    logger.log(Report({"step": 1, "time": time.time(), "train_loss": 2.0}))  # kept: nobody answers
+                    assert len(logger.pending) == 1 and logger.backoff_s >= 1.0
+                    logger.log(Report({"step": 2, "time": time.time(), "train_loss": 1.0}, final=True))  # waits
+                    assert not logger.pending and gate.listening is not None
+                    reopening.join()
+                    run.end_tags["note"] = "ended"
+                    reopening = gate.reopen_after(DOWN_S)  # away again as the run ends: the end waits for it too
+                assert gate.listening is not None
+                reopening.join()
+            found = client.get_run(run.id)
+            assert found.info.status == "FINISHED" and found.data.tags["note"] == "ended"
+            assert [(m.step, m.value) for m in sorted(client.get_metric_history(run.id, "train_loss"),
+                                                       key=lambda m: m.step)] == [(1, 2.0), (2, 1.0)]
+        assert "answers again" in caplog.text
+    finally:
+        gate.close()
 
 
-def test_a_server_that_refuses_under_load_gets_the_metrics_later_with_a_growing_backoff(restarting_server):
+def test_a_server_that_refuses_under_load_gets_the_metrics_later_with_a_growing_backoff(mlflow_auth_server):
     """HTTP 503 (as MLflow answers when its database pool is exhausted): the logger keeps the values, waits
     longer after each refusal, and sends them in order once the server takes them."""
-    import http.server
-    import urllib.request
-
     from pipeline.track import reports, tracking
 
-    server, refusing = restarting_server, {"on": True}
-
-    class Gate(http.server.BaseHTTPRequestHandler):
-        def _answer(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if refusing["on"]:
-                self.send_response(503)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"error_code": "TEMPORARILY_UNAVAILABLE", "message": "pool exhausted"}')
-                return
-            request = urllib.request.Request(server.uri + self.path, data=body or None, method=self.command,
-                                             headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                self.send_response(answer.status)
-                payload = answer.read()
-                self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args):
-            pass
-
-    gate = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
-    threading.Thread(target=gate.serve_forever, daemon=True).start()
-    uri = f"http://127.0.0.1:{gate.server_address[1]}"
+    gate = Gate(mlflow_auth_server.uri)
+    gate.refusing = True
     try:
-        with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=server.password,
+        with environment(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=mlflow_auth_server.password,
                          MLFLOW_TRACKING_TOKEN=None, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0"):
-            client = MlflowClient(server.uri)
+            client = MlflowClient(mlflow_auth_server.uri)
             run_id = client.create_run(client.create_experiment("refused")).info.run_id
-            logger = reports.MetricLogger(tracking.Run(uri, run_id))
+            logger = reports.MetricLogger(tracking.Run(gate.uri, run_id))
             backoffs = []
             for step in range(1, 4):
                 logger.next_try = 0.0  # as if the backoff had passed: each report tries, and is refused
@@ -212,12 +243,12 @@ def test_a_server_that_refuses_under_load_gets_the_metrics_later_with_a_growing_
             assert len(logger.pending) == 3 and backoffs == [1.0, 2.0, 4.0]
             logger.log(Report({"step": 4, "time": 1_700_000_004.0, "train_loss": 6.0}))  # inside the backoff: not tried
             assert len(logger.pending) == 4
-            refusing["on"] = False
+            gate.refusing = False
             logger.log(Report({"step": 5, "time": 1_700_000_005.0, "train_loss": 5.0}, final=True))
             history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.timestamp)
             assert [(m.step, m.value) for m in history] == [(s, 10.0 - s) for s in range(1, 6)]
     finally:
-        gate.shutdown()
+        gate.close()
 
 
 def test_an_unreachable_mlflow_server_stops_the_command_before_any_work(tmp_path):

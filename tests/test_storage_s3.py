@@ -104,10 +104,16 @@ def test_training_on_s3_survives_a_killed_worker_and_resumes_from_its_s3_checkpo
     assert sorted(steps) == [6, 12, 18, 24, 30]
     resumed = [m.value for m in client.get_metric_history(outcome.run_id, "resumed_from_step")]
     assert len(resumed) == 1 and resumed[0] in (6, 12, 18, 24), resumed  # the run records its one restart
-    # A rerun of the same command finds the finished run on S3 and trains no further.
+    # A rerun of the same command finds the finished run on S3: no new training, no second MLflow run, no new
+    # model version.
+    versions = len(client.search_model_versions(f"run_id = '{outcome.run_id}'"))
     again = train(cfg)
     assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
-    assert len(MlflowClient(cfg.tracking.tracking_uri).get_metric_history(outcome.run_id, "val_loss")) == 5
+    assert again.registered is None and versions == 1
+    assert len(client.get_metric_history(outcome.run_id, "val_loss")) == 5
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert len(client.search_runs([experiment.experiment_id], f"tags.`nmt.run_name` = '{outcome.run_name}'")) == 1
+    assert len(client.search_model_versions(f"run_id = '{outcome.run_id}'")) == versions
 
 
 def _write_hub_parquet(uri: str, pairs: list[tuple[str, str]]) -> None:
