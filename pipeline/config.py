@@ -138,8 +138,9 @@ class TrainConfig:
     log_every: PositiveInt = 10  # updates between progress lines and train_loss values
     init_from: str = ""  # fine-tune from a checkpoint directory, MLflow run id or models:/ URI (its tokenizer too)
     report_interval_s: NonNegativeFloat = 10.0  # progress values go to Ray Train (and MLflow) at most this often
-    beam_size: PositiveInt = 4  # beam of validation decoding and of the packaged model
-    length_penalty: NonNegativeFloat = 0.6  # beam search length penalty alpha
+    beam_size: PositiveInt = 4  # beam of the packaged model's decoding (and of validation's, without val_beam_size)
+    length_penalty: NonNegativeFloat = 0.6  # beam search length penalty alpha, of both
+    val_beam_size: NonNegativeInt = 0  # beam of validation decoding (1: greedy, cheaper); 0: beam_size
     keep_checkpoints: PositiveInt = 3  # checkpoints kept: the best by val_bleu, plus the latest
     average_last: PositiveInt = 5  # average the last N weights kept (Sec. 6.1) at the end and keep it if it wins
     average_every: NonNegativeInt = 0  # updates between the weights kept for that average; 0: each validation's

@@ -26,7 +26,7 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("train")
 
 
-def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion):
+def test_training_end_to_end_tracks_one_mlflow_run(champion):
     # The session's champion is `nmt train`'s code path on the small config (conftest): this test reads its run.
     cfg, outcome = champion.cfg, champion.outcome
     assert outcome.checkpoint_path and Path(outcome.checkpoint_path, checkpoint.MODEL_FILE).is_file()
@@ -40,14 +40,7 @@ def test_training_end_to_end_tracks_one_mlflow_run_and_resumes_by_name(champion)
     assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id)}
     assert {"config.resolved.yaml", "manifest.json", "tokenizer", "demo.yaml"} - {"demo.yaml"} <= artifacts
-    # The same command again finds the finished run: no new training, no second MLflow run, no new version.
-    versions = len(client.search_model_versions(f"run_id = '{outcome.run_id}'"))  # other tests may add some
-    again = train(cfg)
-    assert again.run_id == outcome.run_id and again.metrics["step"] == outcome.metrics["step"]
-    assert again.registered is None
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)  # evaluation runs of other tests aside
-    assert len(client.search_runs([experiment.experiment_id], f"tags.`nmt.run_name` = '{outcome.run_name}'")) == 1
-    assert len(client.search_model_versions(f"run_id = '{outcome.run_id}'")) == versions
+    # The same command again finds the finished run: test_storage_s3.py runs it again, with its storage on S3.
 
 
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
@@ -102,6 +95,51 @@ def test_the_weights_averaged_at_the_end_are_kept_at_their_own_cadence_apart_fro
     assert validated == [(16, None), (16, 3)], validated
     assert runs[4].saved[-1][FINAL_KEY] and not runs[4].saved[0][FINAL_KEY]
     assert [(r["step"], r.get("averaged")) for r in runs[0].saved] == [(16, None)] and runs[0].saved[-1][FINAL_KEY]
+
+
+def test_a_run_validated_greedily_registers_the_configured_beam_scored_as_it_decodes(workdir, tmp_path,
+                                                                                    monkeypatch):
+    """train.val_beam_size 1: validation decodes greedily, the packaged model keeps beam_size and length_penalty,
+    and the version is compared by the validation split decoded as it will be deployed."""
+    from ray.train import Checkpoint
+
+    from pipeline.text.metrics import score
+    from pipeline.text.translator import Translator
+    from pipeline.track import registry, tracking
+    from pipeline.track.publish import publish
+    from pipeline.train import validate
+
+    cfg = small_config(workdir, "train.max_steps=20", "train.epochs=100", "train.val_interval=10",
+                       "train.average_last=1", "train.val_beam_size=1", "train.beam_size=3", "train.length_penalty=1.0",
+                       "tracking.registered_model=greedy-validation", "tracking.experiment=greedy-validation")
+    manifest = prepare(cfg.data)
+    beams, translate_ids = [], validate.translate_ids
+
+    def recorded(model, sources, beam_size, **options):  # validation's decoding, watched
+        beams.append(beam_size)
+        return translate_ids(model, sources, beam_size=beam_size, **options)
+
+    monkeypatch.setattr(validate, "translate_ids", recorded)
+    run_dir = StopAfter(tmp_path / "run")
+    train_loop({"config": cfg.to_dict(), "data_path": manifest.path}, run_dir)
+    assert beams and set(beams) == {1}
+    final = sorted((tmp_path / "run").glob("checkpoint_*"))[-1]
+    metrics = run_dir.saved[-1]
+
+    uri = cfg.tracking.tracking_uri
+    with tracking.mlflow_run(uri, cfg.tracking.experiment, "greedy", {}, {}) as run:
+        registered = publish(cfg, run, Checkpoint.from_directory(str(final)), metrics, manifest)
+    client = MlflowClient(uri)
+    version = client.get_model_version(registered.name, registered.version)
+    assert (version.tags["beam_size"], version.tags["length_penalty"]) == ("3", "1.0")
+    translator = registry.load_translator(uri, f"models:/{registered.name}/{registered.version}", device="cpu")
+    assert (translator.beam_size, translator.alpha) == (3, 1.0)
+    # Its val_bleu is the split decoded with beam 3 and length penalty 1.0, logged to the run as well.
+    table = manifest.read_split("validation", ["src", "tgt"])
+    packaged = Translator.from_checkpoint(final, manifest.tokenizer(), beam_size=3, alpha=1.0, device="cpu")
+    expected = score(packaged.translate(table.column("src").to_pylist()), table.column("tgt").to_pylist())["bleu"]
+    logged = client.get_run(run.id).data.metrics["val_bleu_packaged"]
+    assert float(version.tags["val_bleu"]) == pytest.approx(expected, abs=1e-4) == logged
 
 
 def test_a_compiled_model_trains_like_the_eager_one_and_a_time_budget_ends_at_a_validation(ray_session, workdir,

@@ -95,7 +95,25 @@ def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manif
     log_run_report(run, translator, manifest, title=cfg.tracking.experiment)
     if not register:
         return None
+    val_bleu = float(metrics["val_bleu"])
+    if cfg.train.val_beam_size not in (0, cfg.train.beam_size):  # validation decoded otherwise: score as deployed
+        val_bleu = packaged_val_bleu(run, translator, manifest, int(metrics.get("step", 0)))
     tags = {"data_manifest": manifest.sha256, "git_commit": git_commit(), "data_path": without_secret(manifest.path),
             "beam_size": translator.beam_size, "length_penalty": translator.alpha}  # stored in decoding.json too
-    return registry.register(run, translator, name, float(metrics["val_bleu"]), tags,
-                             example=validation_sample(manifest, 1)[0][0], create_model=create_model)
+    return registry.register(run, translator, name, val_bleu, tags, example=validation_sample(manifest, 1)[0][0],
+                             create_model=create_model)
+
+
+def packaged_val_bleu(run: tracking.Run, translator, manifest: Manifest, step: int) -> float:
+    """BLEU of the validation split decoded as the packaged model decodes (its beam and length penalty), logged
+    as val_bleu_packaged: what a version is compared by when validation decoded otherwise (greedily, say)."""
+    from ..text.metrics import score
+    from .reports import log_values
+
+    table = manifest.read_split("validation", ["src", "tgt"])
+    sources, references = table.column("src").to_pylist(), table.column("tgt").to_pylist()
+    logger.info(f"scoring the packaged model's decoding (beam {translator.beam_size}, length penalty "
+                f"{translator.alpha}) on the {len(sources)} validation sentences")
+    bleu = score(translator.translate(sources), references)["bleu"]
+    log_values(run, {"val_bleu_packaged": bleu}, step)
+    return bleu

@@ -145,7 +145,12 @@ class MetricLogger:
 
 def log_best(run: Run, val_bleu: float, step: int) -> None:
     """best_val_bleu and best_step: the run's best validation, the figure its tables and plots should show."""
-    run.log_entries([_metric("best_val_bleu", val_bleu, step), _metric("best_step", float(step), step)])
+    log_values(run, {"best_val_bleu": val_bleu, "best_step": float(step)}, step)
+
+
+def log_values(run: Run, values: dict[str, float], step: int) -> None:
+    """Metrics of the run at one step, logged now."""
+    run.log_entries([_metric(key, value, step) for key, value in values.items()])
 
 
 def _metric(key: str, value: float, step: int):

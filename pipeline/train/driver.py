@@ -61,4 +61,7 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
                              "best_checkpoint": best_path or ""})
         if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
             run.end_tags["averaged_checkpoints"] = str(metrics["averaged"])
+        if best:  # which weights the run keeps: the average of the last ones only where it won on validation
+            run.end_tags["kept_checkpoint"] = (f"average of the last {metrics['averaged']} weights"
+                                               if "averaged" in metrics else f"update {int(metrics.get('step', 0))}")
     return TrainOutcome(run_name, run.id, metrics, best_path, setup.storage_path, setup.manifest, registered)

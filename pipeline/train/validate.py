@@ -53,7 +53,7 @@ def validate(model: Transformer, val: TokenShard, refs: Sequence[str], tokenizer
     loss_sum, nll_sum, tokens = all_reduce_(sums).tolist()
     hyps: list[list[int]] = []
     for chunk in _chunks(mine, math.ceil(len(val) / size)):
-        hyps += translate_ids(model, [val.src.ids(i) for i in chunk], beam_size=cfg.beam_size,
+        hyps += translate_ids(model, [val.src.ids(i) for i in chunk], beam_size=cfg.val_beam_size or cfg.beam_size,
                               alpha=cfg.length_penalty)
         if notice is not None and (found := notice()) is not None:  # every rank asks after each chunk
             raise Preempted(found)
