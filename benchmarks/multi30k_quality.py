@@ -113,7 +113,7 @@ def main() -> int:
         "updates": final["step"], "epochs": final["epoch"],
         "tokens_per_s": round(sum(v for _, v in history["tokens_per_s"]) / max(len(history["tokens_per_s"]), 1)),
         "parameters": Translator.from_checkpoint(final["path"], outcome.manifest.tokenizer()).model.num_parameters(),
-        "workers": cfg.train.num_workers, "validation_beam": cfg.train.beam_size,
+        "workers": cfg.train.num_workers, "validation_beam": cfg.train.val_beam_size or cfg.train.beam_size,
         "final": {"val_bleu": final["val_bleu"], **_evaluate(final["path"], outcome.manifest, args.beams, args.alphas)},
     }
     if averaged:
