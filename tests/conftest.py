@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -18,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Fixtures that start servers or train models: a test using one is slow, and `make test-fast` skips it.
 HEAVY_FIXTURES = {"champion", "mlflow_server", "mlflow_auth_server", "cluster", "service", "s3_bucket", "postgres",
-                  "ray_session"}
+                  "ray_session", "ray_dashboard"}
 
 
 def _cuda_test_device() -> str:
@@ -106,11 +107,29 @@ def ray_session():
 
     if not ray.is_initialized():
         # The dashboard serves the State API, which Ray Train's placement-group cleaner needs to
-        # free the CPUs of a trial that ASHA stops early.
+        # free the CPUs of a trial that ASHA stops early, and the Jobs API that `nmt submit` uses.
         # "local": a new instance even while a background job's `ray start` cluster runs on this machine.
-        ray.init(address="local", num_cpus=2, include_dashboard=True, logging_level=logging.WARNING)
+        # A submitted job's entrypoint runs `python` from the node's PATH: this interpreter's, as on a node.
+        venv = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        with environment(PATH=venv):
+            context = ray.init(address="local", num_cpus=2, include_dashboard=True, logging_level=logging.WARNING)
+        _RAY_SESSION["dashboard"] = f"http://{context.dashboard_url}"
     yield ray
     ray.shutdown()
+
+
+_RAY_SESSION: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def ray_dashboard(ray_session):
+    """The session's Ray as `nmt submit` reaches a cluster: its dashboard (at 127.0.0.1), the auth token Ray made
+    for it (Ray 2.60 requires one of a local instance), and its session directory (logs, runtime_env files)."""
+    import types
+
+    session_dir = ray_session._private.worker._global_node.get_session_dir_path()
+    return types.SimpleNamespace(address=_RAY_SESSION["dashboard"], session_dir=pathlib.Path(session_dir),
+                                 token_file=pathlib.Path.home() / ".ray" / "auth_token")
 
 
 # A local S3-compatible server (moto) stands in for object storage. Its address and test

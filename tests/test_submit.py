@@ -1,27 +1,20 @@
-"""`nmt submit` against a real `ray start --head` cluster with token authentication, stopped afterwards.
-
-The cluster runs in its own temp dir and process group, on free ports, so it never meets the
-session's in-process Ray (ray_session is not used here) or anything else on the machine: a
-bare `ray stop` would kill those too, so the head is stopped by signalling its process group.
-"""
+"""`nmt submit` against the session's Ray instance, which requires the auth token Ray made for it (Ray 2.60 turns
+token authentication on for a local instance), through its dashboard at 127.0.0.1."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import types
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port, stop_process, wait_http
+from conftest import free_port
 from small import ROOT
 
 VENV_BIN = Path(sys.executable).parent
@@ -39,79 +32,14 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _ours(head_pid: int, marker: str) -> set:
-    """The head's process tree (workers rename themselves ray::..., so their command lines name nothing),
-    plus any process whose command line names our cluster's temp dir (only ours can)."""
-    import psutil
-
-    found = set()
-    try:
-        head = psutil.Process(head_pid)
-        found |= {head, *head.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        pass
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in proc.info["cmdline"] or []):
-                found.add(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
-def _stop_cluster(process, marker: str) -> list[int]:
-    """SIGTERM `ray start` (it stops its processes), then SIGKILL what is left; returns survivors."""
-    import psutil
-
-    tree = _ours(process.pid, marker)
-    process.terminate()  # `ray start` first: it stops the node's processes in order
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(60)
-    stop_process(process, timeout_s=15)
-    _, alive = psutil.wait_procs([p for p in tree if p.is_running()], timeout=10)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    _, alive = psutil.wait_procs(alive, timeout=10)
-    return [p.pid for p in alive] + [p.pid for p in _ours(process.pid, marker) if p.pid != process.pid]
-
-
 @pytest.fixture(scope="module")
-def cluster():
-    """A one-node Ray cluster (2 CPUs, dashboard on 127.0.0.1) that requires a token of our own."""
-    # Short and under /tmp: Ray's Unix socket paths inside it must stay under 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="nmt-ray-", dir="/tmp"))
-    token_file = root / "auth_token"
-    token_file.write_text(secrets.token_hex(32))
-    # No drain on SIGTERM: a node that ran jobs otherwise waits out the full 30 s at teardown.
-    env = _clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file),
-                     RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
-    dashboard = free_port()
-    ports = {flag: free_port() for flag in (
-        "--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-        "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")}
-    command = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-               "--num-cpus", "2", "--temp-dir", str(root / "ray"), "--include-dashboard", "true",
-               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
-               "--object-store-memory", str(256 * 1024**2), "--disable-usage-stats",
-               *(str(x) for pair in ports.items() for x in pair)]
-    log = open(root / "head.log", "w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
-                               start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard}"
-    try:
-        try:
-            wait_http(f"{address}/api/gcs_healthz", 240, process)
-        except BaseException:
-            print((root / "head.log").read_text()[-3000:])
-            raise
-        yield types.SimpleNamespace(address=address, root=root, token=token_file.read_text(), env=env,
-                                    token_file=token_file)
-    finally:
-        survivors = _stop_cluster(process, str(root))
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
-        assert not survivors, f"processes of the test cluster still alive: {survivors}"
+def cluster(ray_dashboard):
+    """The session's Ray as a cluster to submit to: its dashboard, its token, and this process's settings without
+    any Ray address or auth variable, the token named by path."""
+    env = _clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(ray_dashboard.token_file))
+    token_file = ray_dashboard.token_file
+    return types.SimpleNamespace(address=ray_dashboard.address, root=ray_dashboard.session_dir, env=env,
+                                 token=token_file.read_text().strip(), token_file=token_file)
 
 
 def _submit(args: list[str], env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess:
@@ -358,6 +286,6 @@ def test_forwarded_secrets_leave_no_trace_in_the_job_record_or_on_the_cluster(cl
         records.append(_job(cluster, job_id))
     uris = [record["runtime_env"]["py_modules"][0] for record in records]
     assert uris[0] != uris[1] and value not in json.dumps(records)
-    holding = subprocess.run(["grep", "-rl", "--binary-files=text", value, str(cluster.root / "ray")],
+    holding = subprocess.run(["grep", "-rl", "--binary-files=text", value, str(cluster.root)],
                              capture_output=True, text=True).stdout.split()
     assert not holding, holding
