@@ -44,9 +44,10 @@ def test_training_end_to_end_tracks_one_mlflow_run(champion):
 
 
 def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, workdir, tmp_path):
-    # Checkpoints at every validation (7, 14, ...) and every 5 updates besides (5, 10, 15, 20, ...).
-    cfg = small_config(workdir, "train.epochs=2", "train.val_interval=7", "train.checkpoint_every=5",
-                       "train.average_last=1", "model.dropout=0.1", "train.cooldown=0.5")
+    # Checkpoints at every validation (12, 24, ...) and every 5 updates besides (5, 10, 15, 20, ...); 120 updates,
+    # past the end of the first epoch.
+    cfg = small_config(workdir, "train.epochs=2", "train.max_steps=120", "train.val_interval=12",
+                       "train.checkpoint_every=5", "train.average_last=1", "model.dropout=0.1", "train.cooldown=0.5")
     manifest = prepare(cfg.data)
     loop_config = {"config": cfg.to_dict(), "data_path": manifest.path}
     straight_run = StopAfter(tmp_path / "straight")
@@ -59,9 +60,10 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
             * cooldown_factor(row["step"] / end, 0.5)
         assert row["lr"] == pytest.approx(expected, rel=1e-6, abs=1e-12), row
     assert rows[-1]["lr"] == 0 < rows[len(rows) // 3]["lr"]
+    assert rows[0]["epoch"] < rows[-1]["epoch"], (rows[0], rows[-1])  # the resumed run crosses an epoch's end too
     saved = [(r["step"], math.isnan(r["val_bleu"])) for r in straight_run.saved]
-    assert saved[:4] == [(5, True), (7, False), (10, True), (14, False)]
-    stopped, again = StopAfter(tmp_path / "resumed", stop_after=3), StopAfter(tmp_path / "resumed")
+    assert saved[:4] == [(5, True), (10, True), (12, False), (15, True)]
+    stopped, again = StopAfter(tmp_path / "resumed", stop_after=2), StopAfter(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):  # stopped mid-epoch, at the checkpoint of update 10 (no validation)
         train_loop(loop_config, stopped)
     assert stopped.reports[-1]["step"] == 10
@@ -75,7 +77,7 @@ def test_an_interrupted_run_resumes_to_exactly_the_same_parameters(ray_session, 
     assert repr(replayed) == repr([*last[EARLIER_KEY], own])  # repr: NaN (this checkpoint's val_bleu) equals NaN
     straight = checkpoint.load(sorted((tmp_path / "straight").glob("checkpoint_*"))[-1])
     resumed = checkpoint.load(sorted((tmp_path / "resumed").glob("checkpoint_*"))[-1])
-    assert straight["progress"]["step"] == resumed["progress"]["step"] > 14
+    assert straight["progress"]["step"] == resumed["progress"]["step"] == 120
     for name, tensor in straight["model"].items():
         assert torch.allclose(tensor, resumed["model"][name], atol=1e-6, rtol=0), name
 
