@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -113,8 +114,10 @@ class Day:
             self.people[name].answers["cluster token: "] = token
 
     def run(self, who: str, page: Path, label: str, timeout_s: float = 1200) -> str:
+        started = time.monotonic()
         output = self.people[who].run(labelled_blocks(page)[label], timeout_s)
         self.outputs[f"{who} {label}"] = output
+        print(f"{who} ran {label} in {time.monotonic() - started:.0f} s")  # the day's timetable (pytest -s)
         return output
 
     def mlflow(self, who: str, code: str) -> object:
