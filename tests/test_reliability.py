@@ -24,11 +24,6 @@ from pipeline.common.messages import Report
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def ray_session_logs(ray) -> Path:
-    """The log folder of the tests' Ray instance (/tmp/ray/session_latest may be another Ray's, started since)."""
-    return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
-
-
 @pytest.fixture
 def restarting_server(mlflow_auth_server):
     """The session's MLflow server with logins, which these tests stop and start again (they log in as `trainer`).
@@ -128,7 +123,7 @@ class _GateHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.rehearse  # a whole `nmt train` with a server restart and a search of every file it wrote
 def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows_anywhere(
-        ray_session, restarting_server, tmp_path):
+        ray_session, ray_dashboard, restarting_server, tmp_path):
     """`nmt train` on the session's Ray with the password in its config file's tracking URI (MLflow's variables
     hold the same login and a token too). The server is stopped mid-run and started again: training goes on,
     the metrics wait and arrive at their own steps and times, the run ends FINISHED and its model registers.
@@ -184,7 +179,7 @@ def test_training_goes_on_while_its_tracking_server_restarts_and_no_secret_shows
     artifacts = client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts"))
     assert {"secret.yaml", "config.resolved.yaml"} <= {p.name for p in Path(artifacts).rglob("*")}  # both redacted
     texts = {"stdout": result.stdout, "stderr": err, "params": repr(run.data.params), "tags": repr(run.data.tags)}
-    found = leaks([password, token], texts, [artifacts, tmp_path / "runs", ray_session_logs(ray_session)])
+    found = leaks([password, token], texts, [artifacts, tmp_path / "runs", ray_dashboard.session_dir / "logs"])
     assert not found, found
 
 
