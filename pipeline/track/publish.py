@@ -70,6 +70,14 @@ def best_checkpoint(result) -> tuple[Any, dict] | None:
     return None
 
 
+def kept_checkpoint(metrics: dict) -> str:
+    """Which weights a run keeps (its kept_checkpoint tag), from the metrics of best_checkpoint's choice: the
+    average of the last weights, which is kept only where it won on validation, or one update's."""
+    if "averaged" in metrics:
+        return f"average of the last {int(metrics['averaged'])} weights"
+    return f"update {int(metrics.get('step', 0))}"
+
+
 def publish(cfg: Config, run: tracking.Run, best, metrics: dict, manifest: Manifest, register: bool = True,
             create_model: bool = True):
     """Pictures and sample translations for the run, then (optionally) a registered model version.

@@ -10,7 +10,7 @@ from ..config import Config
 from ..data.manifest import Manifest
 from ..track import reports
 from ..track.provenance import person
-from ..track.publish import best_checkpoint, publish
+from ..track.publish import best_checkpoint, kept_checkpoint, publish
 from .run import build_trainer, fit_interrupts, prepare_run, tracked_run
 
 logger = log.get("train")
@@ -61,7 +61,6 @@ def train(cfg: Config, address: str | None = None, config_file: str | None = Non
                              "best_checkpoint": best_path or ""})
         if "averaged" in metrics:  # the loop's own figure, a tag rather than a metric chart
             run.end_tags["averaged_checkpoints"] = str(metrics["averaged"])
-        if best:  # which weights the run keeps: the average of the last ones only where it won on validation
-            run.end_tags["kept_checkpoint"] = (f"average of the last {metrics['averaged']} weights"
-                                               if "averaged" in metrics else f"update {int(metrics.get('step', 0))}")
+        if best:
+            run.end_tags["kept_checkpoint"] = kept_checkpoint(metrics)
     return TrainOutcome(run_name, run.id, metrics, best_path, setup.storage_path, setup.manifest, registered)
