@@ -163,33 +163,40 @@ def test_team_day_from_an_empty_account_to_a_served_champion(day):
             break
     # Two members, two experiments of their own: neither is refused.
     day.run(*next(steps))  # alice trains
+    started = time.monotonic()
     sweep = day.people["bob"].start(labelled_blocks(AWS)["member:sweep"])
     next(steps)
     sweep.wait_for(r"\[tune\] trial \w+ ended", 1200)
+    restarted = time.monotonic()
+    print(f"bob's sweep ended its first trial in {restarted - started:.0f} s")
     restart_cluster(day.cloud)  # the head's machine restarts under bob's sweep
-    with pytest.raises(BlockFailed):
+    with pytest.raises(BlockFailed) as failed:
         sweep.wait(600)
+    # The new head answers that it knows no such job: bob is told at once, not after a minute of silence.
+    assert "the cluster no longer knows job" in str(failed.value) and "--resume" in str(failed.value), failed.value
+    print(f"the head restarted under bob's sweep, which ended {time.monotonic() - restarted:.0f} s later")
     resumed = day.run(*next(steps))
     trials = re.findall(r"^\w+_\d{5} .*$", resumed, re.M)  # the table of the sweep it finished
     assert len(trials) == 2 and all(" nan " not in row for row in trials) and "*best*" in resumed, trials
 
+    checking = time.monotonic()
     # Before any promote: candidates only, no version of the team's model, no champion, no member's model.
-    query = f"name='{MODEL}'"
-    versions = day.mlflow("alice", f"print(json.dumps([v.version for v in c.search_model_versions({query!r})]))")
-    assert versions == []
-    owned = day.mlflow("bob", "print(json.dumps([m.name for m in c.search_registered_models()]))")
-    assert set(owned) <= {MODEL, "transformer-nmt-wmt14-en-de"}  # the admin's, made for the promoter
     # Each member opens the UI through their own tunnel, logged in as themselves, and sees both members' runs.
+    look = ("import base64, os, urllib.request as u; login = base64.b64encode(f\"{os.environ["
+            "'MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}\".encode()); "
+            "r = u.urlopen(u.Request('http://127.0.0.1:5000/', "
+            "headers={'Authorization': b'Basic ' + login}), timeout=30); "
+            f"print(json.dumps({{'versions': [v.version for v in c.search_model_versions(\"name='{MODEL}'\")], "
+            "'models': [m.name for m in c.search_registered_models()], 'page': [r.status, r.read().decode()], "
+            "'experiments': sorted({e.name for e in c.search_experiments() if c.search_runs([e.experiment_id])})}))")
     for who in ("alice", "bob"):
-        page = day.mlflow(who, "import base64, os, urllib.request as u; login = base64.b64encode(f\"{os.environ["
-                               "'MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}\".encode()); "
-                               "r = u.urlopen(u.Request('http://127.0.0.1:5000/', headers={'Authorization': "
-                               "b'Basic ' + login}), timeout=30); print(json.dumps([r.status, r.read().decode()]))")
-        assert page[0] == 200 and "<title>MLflow" in page[1], (who, page[0], page[1][:300])
-        names = day.mlflow(who, "print(json.dumps(sorted({e.name for e in c.search_experiments() "
-                                "if c.search_runs([e.experiment_id])})))")
-        assert {"transformer-nmt-alice", "transformer-nmt-bob"} <= set(names), (who, names)
+        seen = day.mlflow(who, look)
+        assert seen["versions"] == [], (who, seen["versions"])
+        assert set(seen["models"]) <= {MODEL, "transformer-nmt-wmt14-en-de"}, seen["models"]  # the admin's
+        assert seen["page"][0] == 200 and "<title>MLflow" in seen["page"][1], (who, seen["page"][1][:300])
+        assert {"transformer-nmt-alice", "transformer-nmt-bob"} <= set(seen["experiments"]), (who, seen["experiments"])
 
+    print(f"the members' checks through their own tunnels took {time.monotonic() - checking:.0f} s")
     promoted = day.run(*next(steps))
     assert f"registered as {MODEL} version" in promoted and "is @champion" in promoted, promoted[-3000:]
     assert "rejected" not in promoted, promoted[-3000:]

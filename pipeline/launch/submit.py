@@ -260,6 +260,10 @@ async def _follow(jobs, job_id: str) -> tuple[str, str]:
         try:
             info = jobs.get_job_info(job_id)
         except (OSError, RuntimeError) as err:  # no answer (requests' errors are OSErrors), or not this job (404)
+            if "status code 404" in str(err):  # an answer: a head that restarted without its job table
+                raise UserError(f"the cluster no longer knows job {job_id}: its head restarted (a new head "
+                                "starts with no jobs); `ray job list` shows what runs now, and a sweep goes on "
+                                "with the same command and --resume") from None
             unanswered_since = unanswered_since or time.monotonic()
             if time.monotonic() - unanswered_since > LOST_AFTER_S:
                 raise UserError(f"the cluster has not answered about job {job_id} for {LOST_AFTER_S:.0f}s "

@@ -57,6 +57,10 @@ class Host:
             path.mkdir(parents=True, exist_ok=True)
         self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         self.hosts_file.write_text(f"127.0.0.1 localhost\n{self.ip} {self.name}\n")
+        # No DNS server here: a name the hosts file lacks fails at once, as on a network whose resolver knows
+        # nothing more, rather than after this machine's resolver times out across the bridge (10 s a lookup,
+        # which gloo's rendezvous makes for each worker's address).
+        (self.hosts_file.parent / "resolv.conf").write_text("nameserver 127.0.0.1\n")
         _ip("netns", "add", self.netns)
         peer = f"v{self.network.tag}{len(self.network.hosts)}"[:15]
         _ip("link", "add", peer, "netns", self.network.switch, "type", "veth", "peer", "name", "eth0", "netns",
