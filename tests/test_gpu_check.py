@@ -1,40 +1,31 @@
 """benchmarks/gpu_check.sh --device cpu --quick: every step of the prepared GPU run, small, on the CPU.
 
-The script needs nothing from the session (it prepares its own small corpus on a Ray of its own first): it
-runs once, in `make rehearse`, and the test reads what it left.
+The script runs once, in `make rehearse`, on the session's small corpus (prepared with Ray Data on the session's
+Ray, or reused), and the test reads what it left.
 """
 
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 from scripts import script_run
-from small import SMALL
+from small import small_config
 
 pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _argv(workdir: Path) -> list[str]:
-    """`nmt prepare` of the small corpus (a local Ray of its own), then the check on the CPU."""
-    data_sets = [s for s in SMALL if s.startswith("data.")] + [f"data.output_dir={workdir / 'data'}"]
-    prepare = [sys.executable, "-m", "pipeline", "prepare", "--address", "local", "--config", "configs/demo.yaml",
-               *(arg for item in data_sets for arg in ("--set", item))]
-    check = ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(workdir / "out")]
-    # the corpus's directory is named by its content
-    script = (f"set -e; {shlex.join(prepare)}; "
-              f"exec {shlex.join(check)} \"$(ls -d {shlex.quote(str(workdir / 'data'))}/demo-en-de-*)\" "
-              "--device cpu --quick --deadline 1400")
-    return ["bash", "-c", script]
-
-
 @pytest.fixture(scope="module")
-def outcome():
+def outcome(ray_session, tmp_path_factory):
+    from pipeline.data.prepare import prepare
+
+    manifest = prepare(small_config(tmp_path_factory.mktemp("gpu-data")).data)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}  # the suite's interpreter, not PATH's
-    with script_run("gpu", _argv, env, timeout_s=1500) as ran:
+    argv = ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")]
+    with script_run("gpu", lambda workdir: [*argv, str(workdir / "out"), manifest.path, "--device", "cpu", "--quick",
+                                            "--deadline", "1400"], env, timeout_s=1500) as ran:
         yield ran
 
 
