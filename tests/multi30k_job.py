@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -92,8 +93,11 @@ def main(multi30k: Path, workdir: Path) -> None:
                       [f"data.path={workdir / 'multi30k'}", f"data.output_dir={workdir / 'data'}", *RECIPE])
     import ray
 
-    # "local": a new instance even while another job's `ray start` cluster runs on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    # The test session's Ray when it names one; else "local", a new instance even while another job's
+    # `ray start` cluster runs on this machine.
+    address = os.environ.get("NMT_TEST_RAY_ADDRESS")
+    ray.init(address=address or "local", num_cpus=None if address else 2, include_dashboard=None if address else False,
+             logging_level=logging.WARNING)
     manifest = prepare(cfg.data)
     ray.shutdown()
     runs = workdir / "runs"

@@ -16,11 +16,13 @@ pytestmark = [pytest.mark.rehearse, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
-def outcome():
-    """tests/multi30k_job.py on the corpus (without Multi30k the test skips, or fails under CI)."""
+def outcome(ray_session):
+    """tests/multi30k_job.py on the corpus (without Multi30k the test skips, or fails under CI); it prepares the
+    subset on the session's Ray."""
     corpus = require_multi30k()
+    env = {**os.environ, "NMT_TEST_RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     with script_run("m30k", lambda workdir: [sys.executable, str(ROOT / "tests" / "multi30k_job.py"), str(corpus),
-                                             str(workdir)], dict(os.environ), timeout_s=1500) as ran:
+                                             str(workdir)], env, timeout_s=1500) as ran:
         yield ran
 
 
