@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.common import checkpoint  # noqa: E402
+from pipeline.common import checkpoint, log  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.text.metrics import score_with_signatures  # noqa: E402
 from pipeline.text.translator import Translator  # noqa: E402
@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 1.0],
                         help="length penalties tried on validation")
     args = parser.parse_args()
+    log.setup()  # the run's progress lines (steps, loss, tokens/s, ETA), as `nmt train` prints them
 
     work = Path(args.workdir).resolve()
     cfg = load_config(args.config, [
