@@ -93,11 +93,10 @@ def main(multi30k: Path, workdir: Path) -> None:
                       [f"data.path={workdir / 'multi30k'}", f"data.output_dir={workdir / 'data'}", *RECIPE])
     import ray
 
-    # The test session's Ray when it names one; else "local", a new instance even while another job's
-    # `ray start` cluster runs on this machine.
-    address = os.environ.get("NMT_TEST_RAY_ADDRESS")
-    ray.init(address=address or "local", num_cpus=None if address else 2, include_dashboard=None if address else False,
-             logging_level=logging.WARNING)
+    # The test session's Ray when it names one; else "local", a new instance of its own even while another
+    # job's `ray start` cluster runs on this machine.
+    own = {} if os.environ.get("NMT_TEST_RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}
+    ray.init(address=os.environ.get("NMT_TEST_RAY_ADDRESS", "local"), logging_level=logging.WARNING, **own)
     manifest = prepare(cfg.data)
     ray.shutdown()
     runs = workdir / "runs"
